@@ -1,0 +1,30 @@
+"""tokenrouter: token-level routing between language models, served in-process."""
+
+from .api import Engine
+from .config import ModelSpec, SamplingParams
+from .errors import (
+    ConfigError,
+    EngineNotRunningError,
+    InvalidRequestError,
+    ModelLoadError,
+    TokenRouterError,
+)
+from .outputs import RequestOutput, StreamDelta
+from .policies import Policy, Single
+
+__all__ = [
+    "ConfigError",
+    "Engine",
+    "EngineNotRunningError",
+    "InvalidRequestError",
+    "ModelLoadError",
+    "ModelSpec",
+    "Policy",
+    "RequestOutput",
+    "SamplingParams",
+    "Single",
+    "StreamDelta",
+    "TokenRouterError",
+]
+
+__version__ = "0.1.0"

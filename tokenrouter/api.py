@@ -1,0 +1,219 @@
+"""The public engine: an async context manager running one worker thread per model."""
+
+from __future__ import annotations
+
+import logging
+import random
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from pathlib import Path
+
+import anyio
+
+from .config import ModelSpec, SamplingParams
+from .engine.model_loader import LoadedModel, load_model
+from .engine.output_processor import OutputProcessor
+from .engine.request_channel import RequestChannel
+from .engine.sequence import Request
+from .engine.worker import Worker, WorkerEvent, WorkerStats
+from .errors import ConfigError, EngineNotRunningError, InvalidRequestError
+from .outputs import RequestOutput, StreamDelta
+from .policies import Policy, Single
+from .prompts import Prompt, encode_prompt
+
+log = logging.getLogger(__name__)
+
+
+class Engine:
+    """In-process serving of one or more models under a routing policy.
+
+    >>> async with Engine(models={"m": "path/to/model"}) as engine:
+    ...     out = await engine.generate("Hello", SamplingParams(max_tokens=16))
+
+    Each model gets a worker thread with its own scheduler and paged KV pool. `generate`,
+    `stream` and `abort` may be called from any event loop (asyncio or trio) while it runs.
+    `num_threads`, if given, sets torch's intra-op thread count for the whole process.
+    """
+
+    def __init__(
+        self,
+        models: Mapping[str, str | Path | ModelSpec] | None = None,
+        policy: Policy | None = None,
+        *,
+        num_threads: int | None = None,
+        stop_timeout: float = 30.0,
+    ):
+        if not models:
+            raise ConfigError("models: give at least one model, e.g. Engine(models={'m': 'path/to/model'})")
+        if not isinstance(models, Mapping):
+            raise ConfigError(f"models: must be a dict of name -> path or ModelSpec, got {type(models).__name__}")
+        self.specs: dict[str, ModelSpec] = {}
+        for name, value in models.items():
+            if not isinstance(name, str) or not name:
+                raise ConfigError(f"models: model names must be non-empty strings, got {name!r}")
+            try:
+                self.specs[name] = ModelSpec.coerce(value)
+            except (TypeError, ValueError) as e:
+                raise ConfigError(f"models[{name!r}]: {e}") from e
+        if policy is None:
+            if len(self.specs) != 1:
+                raise ConfigError("policy: several models need a routing policy")
+            policy = Single(next(iter(self.specs)))
+        if not isinstance(policy, Policy):
+            raise ConfigError(f"policy: must be a Policy, got {type(policy).__name__}")
+        missing = [m for m in policy.models if m not in self.specs]
+        if missing:
+            raise ConfigError(f"policy: names model(s) {missing} that are not in models {sorted(self.specs)}")
+        if num_threads is not None and num_threads < 1:
+            raise ConfigError("num_threads: must be >= 1")
+        if stop_timeout <= 0:
+            raise ConfigError("stop_timeout: must be > 0")
+        self.policy = policy
+        self.num_threads = num_threads
+        self.stop_timeout = stop_timeout
+        self.loaded: dict[str, LoadedModel] = {}
+        self.workers: dict[str, Worker] = {}
+        self._channels: dict[str, RequestChannel] = {}
+        self._running = False
+
+    # ---- lifecycle -------------------------------------------------------------------------
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.close()
+
+    async def start(self) -> None:
+        """Load every model (one at a time, to bound peak memory) and start the workers."""
+        if self._running:
+            raise EngineNotRunningError("the engine is already running")
+        if self.num_threads is not None:
+            import torch
+
+            torch.set_num_threads(self.num_threads)
+        try:
+            for name, spec in self.specs.items():
+                self.loaded[name] = await anyio.to_thread.run_sync(load_model, name, spec)
+                self.workers[name] = Worker(self.loaded[name], self._dispatch)
+        except BaseException:
+            self.loaded.clear()
+            self.workers.clear()
+            raise
+        for worker in self.workers.values():
+            worker.start()
+        self._running = True
+
+    async def close(self) -> None:
+        """Stop the workers; requests still in flight end with finish_reason 'abort'."""
+        if not self.workers:
+            return
+        self._running = False
+        for worker in self.workers.values():
+            worker.stop()
+        stuck = []
+        for name, worker in self.workers.items():
+            if not await anyio.to_thread.run_sync(worker.join, self.stop_timeout):
+                stuck.append(name)
+        self.workers.clear()
+        self.loaded.clear()
+        if stuck:
+            log.error("worker(s) %s did not stop within %.0f s and were abandoned", stuck, self.stop_timeout)
+
+    # ---- requests --------------------------------------------------------------------------
+    def _dispatch(self, events: list[WorkerEvent]) -> None:
+        """Worker threads deliver each step's events here."""
+        for ev in events:
+            channel = self._channels.get(ev.request_id)
+            if channel is not None:
+                channel.push(ev)
+
+    def _new_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None) -> Request:
+        if not self._running:
+            raise EngineNotRunningError("the engine is not running: use `async with Engine(...)` or `await start()`")
+        if params is None:
+            params = SamplingParams()
+        elif not isinstance(params, SamplingParams):
+            raise InvalidRequestError("params", f"must be SamplingParams, got {type(params).__name__}")
+        entry = self.loaded[self.policy.entry_model]
+        worker = self.workers[self.policy.entry_model]
+        if not worker.alive:
+            raise EngineNotRunningError(f"worker {entry.name!r} is not running: {worker.error or 'stopped'}")
+        if request_id is None:
+            request_id = uuid.uuid4().hex
+        elif not isinstance(request_id, str) or not request_id:
+            raise InvalidRequestError("request_id", "must be a non-empty string")
+        if request_id in self._channels:
+            raise InvalidRequestError("request_id", f"{request_id!r} is already in use")
+        bad = [t for t in params.stop_token_ids if t >= entry.vocab_size]
+        if bad:
+            raise InvalidRequestError("stop_token_ids", f"{bad[0]} is outside the vocabulary [0, {entry.vocab_size})")
+        ids = encode_prompt(entry.tokenizer, prompt, entry.vocab_size, entry.max_model_len)
+        return Request(
+            request_id=request_id,
+            prompt_ids=ids,
+            params=params,
+            seed=params.seed if params.seed is not None else random.getrandbits(63),
+            stop_token_ids=frozenset(params.stop_token_ids),
+            max_tokens=min(params.max_tokens, entry.max_model_len - len(ids)),
+        )
+
+    async def _follow(self, req: Request) -> AsyncIterator[tuple[StreamDelta, OutputProcessor]]:
+        """Submit a request and yield its deltas until it has ended on every worker."""
+        channel = RequestChannel(req.request_id)
+        self._channels[req.request_id] = channel
+        proc = OutputProcessor(self.loaded[self.policy.entry_model].tokenizer, req)
+        aborted = False
+        try:
+            self.workers[self.policy.entry_model].submit(req)
+            while not proc.worker_done:
+                for ev in await channel.get():
+                    delta = proc.process(ev)
+                    if delta is not None:
+                        yield delta, proc
+                if proc.done and not proc.worker_done and not aborted:
+                    self._abort_everywhere(req.request_id)  # a stop string ended it
+                    aborted = True
+        finally:
+            if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere
+                self._abort_everywhere(req.request_id)
+            self._channels.pop(req.request_id, None)
+
+    def _abort_everywhere(self, request_id: str) -> None:
+        for worker in self.workers.values():
+            worker.abort(request_id)
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> RequestOutput:
+        """Run a request to its end. A failed request returns finish_reason 'error' with `error` set."""
+        req = self._new_request(prompt, params, request_id)
+        proc = None
+        async for _, proc in self._follow(req):
+            pass
+        assert proc is not None
+        return proc.output()
+
+    async def stream(
+        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+    ) -> AsyncIterator[StreamDelta]:
+        """Yield text as it is produced; the last delta carries finish_reason. Leaving early aborts."""
+        req = self._new_request(prompt, params, request_id)
+        follow = self._follow(req)
+        try:
+            async for delta, _ in follow:
+                yield delta
+        finally:
+            await follow.aclose()
+
+    async def abort(self, request_id: str) -> None:
+        """End a request early; its generate/stream ends with finish_reason 'abort'."""
+        self._abort_everywhere(request_id)
+
+    # ---- introspection ---------------------------------------------------------------------
+    def stats(self) -> dict[str, WorkerStats]:
+        """Per model: KV blocks total/free, running/waiting counts, step timings."""
+        return {name: w.stats() for name, w in self.workers.items()}
+
+    def tokenizer(self, model: str | None = None):
+        return self.loaded[model or self.policy.entry_model].tokenizer

@@ -1,0 +1,113 @@
+"""Validated configuration: how to sample a request and how to run a model.
+
+Both are pydantic models so that bad values fail at construction with the field named.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+
+
+class SamplingParams(BaseModel):
+    """How to sample one request. Defaults follow vLLM's except `max_tokens` (256, not 16).
+
+    `temperature=0` is greedy decoding; `top_k=0`, `top_p=1` and `min_p=0` disable those filters.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    max_tokens: int = Field(256, ge=1, description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 means greedy.")
+    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus mass in (0, 1].")
+    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Drop tokens below min_p * max prob.")
+    seed: int | None = Field(None, ge=0, lt=2**63, description="Per-request seed; same seed, same samples.")
+    stop: list[str] = Field(default_factory=list, description="Stop strings; excluded from the text.")
+    stop_token_ids: list[int] = Field(default_factory=list, description="Extra token ids that end generation.")
+    ignore_eos: bool = Field(False, description="Keep generating past the model's EOS tokens.")
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+
+    @field_validator("stop", mode="before")
+    @classmethod
+    def _stop_as_list(cls, v):
+        if isinstance(v, str):
+            return [v]
+        return v
+
+    @field_validator("stop")
+    @classmethod
+    def _stop_not_empty(cls, v: list[str]) -> list[str]:
+        if any(len(s) == 0 for s in v):
+            raise ValueError("stop strings must be non-empty")
+        return v
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _ids_non_negative(cls, v: list[int]) -> list[int]:
+        if any(i < 0 for i in v):
+            raise ValueError("stop_token_ids must be >= 0")
+        return v
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+class ModelSpec(BaseModel):
+    """One model and the worker that serves it.
+
+    `path` is a Hugging Face model directory (config.json + safetensors + tokenizer) or a `.gguf`
+    file. The KV budget is explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of
+    free memory); with neither, `kv_cache_tokens` defaults to 16384.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    path: Path
+    dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
+    device: str = "cpu"
+    tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
+    kv_cache_tokens: int | None = Field(None, ge=1)
+    kv_cache_bytes: int | None = Field(None, ge=1)
+    block_size: int = Field(16, ge=1, le=1024)
+    max_num_seqs: int = Field(64, ge=1, le=4096, description="Most requests in one batch.")
+    max_num_batched_tokens: int = Field(512, ge=1, description="Token budget of one step (chunked prefill).")
+    max_model_len: int | None = Field(None, ge=2, description="Context limit; default from the model config.")
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _path_exists(cls, v: Path | None) -> Path | None:
+        if v is not None and not Path(v).exists():
+            raise ValueError(f"path does not exist: {v}")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_known(cls, v: str) -> str:
+        import torch
+
+        try:
+            torch.device(v)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"not a torch device: {v!r}") from e
+        return v
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ModelSpec:
+        if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
+            raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
+        return self
+
+    @classmethod
+    def coerce(cls, value: str | Path | ModelSpec) -> ModelSpec:
+        if isinstance(value, ModelSpec):
+            return value
+        if isinstance(value, (str, Path)):
+            return cls(path=Path(value))
+        raise TypeError(f"a model must be a path or a ModelSpec, got {type(value).__name__}")

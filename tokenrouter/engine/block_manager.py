@@ -1,0 +1,120 @@
+"""Paged KV block accounting: allocation, freeing, and prefix sharing.
+
+Blocks hold `block_size` tokens each. A full block is registered under a hash chained over
+every token before and in it, so two requests with a common prompt prefix share the blocks of
+that prefix (agent loops resend long histories). A block whose last user leaves goes back on
+the free list but keeps its hash until it is reused, so a later request can still hit it.
+Free blocks are reused least recently freed first.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from .sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        if num_blocks < 1:
+            raise ValueError("num_blocks must be >= 1")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.ref_counts = [0] * num_blocks
+        self.block_keys: list[tuple | None] = [None] * num_blocks  # (hash, tokens) of a full block
+        self.cached: dict[int, int] = {}  # chained hash -> block id
+        self.free_ids: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.prefix_hits = 0  # tokens served from the prefix cache, for stats
+
+    @property
+    def num_free(self) -> int:
+        return len(self.free_ids)
+
+    @property
+    def capacity_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    def blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _take_free(self) -> int:
+        block_id, _ = self.free_ids.popitem(last=False)
+        key = self.block_keys[block_id]
+        if key is not None:  # reusing a block that still held a cached prefix: forget it
+            if self.cached.get(key[0]) == block_id:
+                del self.cached[key[0]]
+            self.block_keys[block_id] = None
+        self.ref_counts[block_id] = 1
+        return block_id
+
+    def _ref(self, block_id: int) -> None:
+        if self.ref_counts[block_id] == 0:
+            del self.free_ids[block_id]
+        self.ref_counts[block_id] += 1
+
+    @staticmethod
+    def _chain(prev: int, tokens: tuple[int, ...]) -> int:
+        return hash((prev, tokens))
+
+    def match_prefix(self, seq: Sequence) -> None:
+        """Attach cached blocks for the longest cached prefix of a sequence that holds no blocks.
+
+        Only blocks entirely before the last token are matched: the last token is always
+        computed, so its logits exist and no shared block is ever written.
+        """
+        assert not seq.block_table and seq.num_computed == 0
+        tokens = seq.req.token_ids
+        bs = self.block_size
+        h = 0
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            h = self._chain(h, chunk)
+            block_id = self.cached.get(h)
+            if block_id is None or self.block_keys[block_id] != (h, chunk):
+                break
+            self._ref(block_id)
+            seq.block_table.append(block_id)
+        seq.num_computed = seq.num_hashed_blocks = len(seq.block_table)
+        seq.num_computed *= bs
+        seq.num_cached_prompt = min(seq.num_computed, seq.req.num_prompt_tokens)
+        self.prefix_hits += seq.num_computed
+
+    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
+        return self.blocks_for(num_tokens) - len(seq.block_table) <= self.num_free
+
+    def grow(self, seq: Sequence, num_tokens: int) -> bool:
+        """Make the block table cover `num_tokens` tokens; False (and no change) if the pool is short."""
+        need = self.blocks_for(num_tokens) - len(seq.block_table)
+        if need > self.num_free:
+            return False
+        for _ in range(need):
+            seq.block_table.append(self._take_free())
+        return True
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """Publish the sequence's newly completed full blocks to the prefix cache."""
+        bs = self.block_size
+        tokens = seq.req.token_ids
+        n_full = seq.num_computed // bs
+        if n_full <= seq.num_hashed_blocks:
+            return
+        i = seq.num_hashed_blocks
+        h = self.block_keys[seq.block_table[i - 1]][0] if i > 0 else 0
+        for i in range(seq.num_hashed_blocks, n_full):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            h = self._chain(h, chunk)
+            block_id = seq.block_table[i]
+            if self.block_keys[block_id] is None:
+                self.block_keys[block_id] = (h, chunk)
+                self.cached.setdefault(h, block_id)
+        seq.num_hashed_blocks = n_full
+
+    def free(self, seq: Sequence) -> None:
+        """Drop the sequence's blocks; blocks no one else uses return to the free list."""
+        for block_id in reversed(seq.block_table):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self.free_ids[block_id] = None
+        seq.block_table = []
+        seq.num_computed = 0
+        seq.num_hashed_blocks = 0

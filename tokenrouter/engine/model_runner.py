@@ -1,0 +1,119 @@
+"""Turns a scheduled batch into one packed forward pass of a transformers model over the paged cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .attention import AttentionBackend, AttentionMetadata, step_context
+from .model_loader import LoadedModel
+from .sequence import Sequence
+
+
+@dataclass
+class ScheduledBatch:
+    """Sequences to run this step and how many new tokens each contributes; decode rows first."""
+
+    seqs: list[Sequence]
+    num_new: list[int]
+    num_decode: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(self.num_new)
+
+    def __len__(self) -> int:
+        return len(self.seqs)
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor  # [len(sample_rows), vocab]
+    sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
+
+
+class ModelRunner:
+    def __init__(self, loaded: LoadedModel, backend: AttentionBackend, block_size: int):
+        self.loaded = loaded
+        self.model = loaded.model
+        self.backend = backend
+        self.block_size = block_size
+        self.device = loaded.device
+        self._offsets = torch.arange(block_size, device=self.device)
+
+    def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        bs = self.block_size
+        return block_table[positions // bs] * bs + positions % bs
+
+    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[int]]:
+        dev = self.device
+        bs = self.block_size
+        ids: list[int] = []
+        pos_chunks: list[torch.Tensor] = []
+        slot_chunks: list[torch.Tensor] = []
+        sample_rows: list[int] = []
+        last_index: list[int] = []
+        nd = batch.num_decode
+
+        decode_slots = decode_mask = decode_positions = None
+        if nd:
+            dseqs = batch.seqs[:nd]
+            ctx = [s.num_computed + 1 for s in dseqs]
+            width = max(len(s.block_table) for s in dseqs)
+            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs], device=dev)
+            max_ctx = max(ctx)
+            decode_slots = (tables[:, :, None] * bs + self._offsets).view(nd, -1)[:, :max_ctx].contiguous()
+            ctx_t = torch.tensor(ctx, device=dev)
+            decode_mask = torch.arange(max_ctx, device=dev)[None, :] < ctx_t[:, None]
+            decode_positions = ctx_t - 1
+            ids.extend(s.req.token_ids[s.num_computed] for s in dseqs)
+            pos_chunks.append(decode_positions)
+            slot_chunks.append(decode_slots.gather(1, decode_positions[:, None]).squeeze(1))
+            sample_rows.extend(range(nd))
+            last_index.extend(range(nd))
+
+        prefill_rows: list[tuple[int, int, int]] = []
+        prefill_slots: list[torch.Tensor | None] = []
+        start = nd
+        for row in range(nd, len(batch)):
+            seq, n = batch.seqs[row], batch.num_new[row]
+            first = seq.num_computed
+            ctx_len = first + n
+            table = torch.tensor(seq.block_table, device=dev)
+            ids.extend(seq.req.token_ids[first:ctx_len])
+            pos = torch.arange(first, ctx_len, device=dev)
+            pos_chunks.append(pos)
+            slot_chunks.append(self._slots(table, pos))
+            prefill_rows.append((start, n, ctx_len))
+            prefill_slots.append(self._slots(table, torch.arange(ctx_len, device=dev)) if first else None)
+            if ctx_len == len(seq.req.token_ids):
+                sample_rows.append(row)
+                last_index.append(start + n - 1)
+            start += n
+
+        input_ids = torch.tensor(ids, device=dev)
+        positions = torch.cat(pos_chunks)
+        meta = AttentionMetadata(
+            slot_mapping=torch.cat(slot_chunks),
+            num_decode=nd,
+            decode_slots=decode_slots,
+            decode_mask=decode_mask,
+            decode_positions=decode_positions,
+            prefill_rows=prefill_rows,
+            prefill_slots=prefill_slots,
+        )
+        return input_ids, positions, meta, sample_rows, last_index
+
+    @torch.inference_mode()
+    def forward(self, batch: ScheduledBatch) -> ForwardOutput:
+        input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
+        keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
+        with step_context(self.backend, meta):
+            out = self.model(
+                input_ids=input_ids[None],
+                position_ids=positions[None],
+                use_cache=False,
+                logits_to_keep=keep,
+            )
+        return ForwardOutput(logits=out.logits[0], sample_rows=sample_rows)

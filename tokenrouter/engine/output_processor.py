@@ -1,0 +1,96 @@
+"""Builds a request's output from worker events: text, stream deltas, stop strings, timings."""
+
+from __future__ import annotations
+
+import time
+
+from ..outputs import RequestOutput, StreamDelta
+from .detokenizer import IncrementalDetokenizer, StopStringMatcher
+from .sequence import Request
+from .worker import WorkerEvent
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer, req: Request):
+        params = req.params
+        self.req = req
+        self.detok = IncrementalDetokenizer(tokenizer, req.prompt_ids, params.skip_special_tokens)
+        self.stops = StopStringMatcher(params.stop, params.include_stop_str_in_output)
+        self.text = ""  # all stable text so far (stop string already cut)
+        self.emitted = 0  # chars of self.text already given to the stream
+        self.token_ids: list[int] = []
+        self.token_models: list[str] = []
+        self.finish_reason: str | None = None  # set when the output is complete
+        self.error: str | None = None
+        self.worker_done = False  # the worker sent its terminal event: no KV left anywhere
+        self.num_cached_prompt = 0
+        self.t_start = time.monotonic()
+        self.t_first: float | None = None
+        self.t_end: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    def process(self, ev: WorkerEvent) -> StreamDelta | None:
+        """Fold in one worker event; return the delta to stream, if any."""
+        if ev.finish_reason is not None:
+            self.worker_done = True
+        if self.done:  # e.g. tokens that raced with the abort sent after a stop string
+            return None
+        new_ids: list[int] = []
+        if ev.token_ids:
+            if self.t_first is None:
+                self.t_first = time.monotonic()
+                self.num_cached_prompt = ev.num_cached_prompt
+            new_ids = ev.token_ids
+            self.token_ids.extend(new_ids)
+            self.token_models.extend([ev.model] * len(new_ids))
+            new_text = self.detok.add(new_ids)
+            if new_text:
+                self.text += new_text
+                cut = self.stops.find(self.text, len(new_text))
+                if cut is not None:
+                    self.text = self.text[:cut]
+                    self.finish_reason = "stop"
+        if ev.finish_reason is not None and not self.done:
+            if ev.finish_reason in ("stop", "length"):
+                tail = self.detok.flush()
+                if tail:
+                    self.text += tail
+                    cut = self.stops.find(self.text, len(tail))
+                    if cut is not None:
+                        self.text = self.text[:cut]
+                        ev.finish_reason = "stop"
+            self.finish_reason = ev.finish_reason
+            self.error = ev.error
+        if self.done:
+            self.t_end = time.monotonic()
+        safe = self.stops.safe_length(self.text, final=self.done)
+        delta_text = self.text[self.emitted : safe] if safe > self.emitted else ""
+        self.emitted = max(self.emitted, safe)
+        if not new_ids and not delta_text and not self.done:
+            return None
+        return StreamDelta(
+            request_id=self.req.request_id,
+            text=delta_text,
+            token_ids=list(new_ids),
+            model=ev.model if new_ids else None,
+            finish_reason=self.finish_reason,  # type: ignore[arg-type]
+            error=self.error,
+        )
+
+    def output(self) -> RequestOutput:
+        end = self.t_end if self.t_end is not None else time.monotonic()
+        return RequestOutput(
+            request_id=self.req.request_id,
+            text=self.text,
+            token_ids=list(self.token_ids),
+            token_models=list(self.token_models),
+            finish_reason=self.finish_reason or "abort",  # type: ignore[arg-type]
+            prompt_token_ids=list(self.req.prompt_ids),
+            error=self.error,
+            num_cached_prompt_tokens=self.num_cached_prompt,
+            time_to_first_token=None if self.t_first is None else self.t_first - self.t_start,
+            latency=end - self.t_start,
+        )

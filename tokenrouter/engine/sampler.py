@@ -1,0 +1,100 @@
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, reproducible per request.
+
+Each row draws one uniform number from a hash of (request seed, output position) and samples by
+inverse CDF. The draw depends on nothing else, so a seeded request gives the same tokens whatever
+else shares its batch, and no per-request generator object is needed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+_MASK32 = 0xFFFFFFFF
+
+
+def _mix32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer hash on int64 tensors holding values < 2**32 (no int64 overflow)."""
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & _MASK32
+    x = x ^ (x >> 15)
+    x = (x * 0x2C1B3C6D) & _MASK32
+    return x ^ (x >> 16)
+
+
+def uniform_from(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """Deterministic uniforms in (0, 1) from int64 seeds and steps, float64."""
+    lo = _mix32((seeds & _MASK32) ^ _mix32(steps & _MASK32))
+    hi = _mix32(((seeds >> 32) & _MASK32) ^ _mix32(lo ^ 0x5BD1E995))
+    bits = ((hi & 0x1FFFFF) << 32) | lo  # 53 random bits
+    return (bits.to(torch.float64) + 0.5) / float(2**53)
+
+
+@dataclass
+class SamplingTensors:
+    temperature: torch.Tensor  # [B] float32, 0 for greedy rows
+    top_k: torch.Tensor  # [B] int64, 0 = off
+    top_p: torch.Tensor  # [B] float32
+    min_p: torch.Tensor  # [B] float32
+    seeds: torch.Tensor  # [B] int64
+    steps: torch.Tensor  # [B] int64 index of the token being sampled in the output
+    all_greedy: bool
+    any_top_k: bool
+    any_top_p: bool
+    any_min_p: bool
+
+    @classmethod
+    def build(cls, params: list, seeds: list[int], steps: list[int], device) -> SamplingTensors:
+        temps = [p.temperature for p in params]
+        top_k = [p.top_k for p in params]
+        top_p = [p.top_p for p in params]
+        min_p = [p.min_p for p in params]
+        return cls(
+            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
+            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
+            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
+            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
+            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
+            steps=torch.tensor(steps, dtype=torch.long, device=device),
+            all_greedy=all(t == 0.0 for t in temps),
+            any_top_k=any(k > 0 for k in top_k),
+            any_top_p=any(p < 1.0 for p in top_p),
+            any_min_p=any(p > 0.0 for p in min_p),
+        )
+
+
+class Sampler:
+    def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        greedy_tokens = logits.argmax(dim=-1)
+        if st.all_greedy:
+            return greedy_tokens
+        greedy = st.temperature == 0
+        x = logits.float() / torch.where(greedy, 1.0, st.temperature)[:, None]
+        if st.any_top_k or st.any_top_p:
+            x = self._top_k_top_p(x, st)
+        probs = torch.softmax(x, dim=-1)
+        if st.any_min_p:
+            floor = probs.amax(dim=-1, keepdim=True) * st.min_p[:, None]
+            probs = torch.where(probs < floor, 0.0, probs)
+        cdf = probs.cumsum(dim=-1)
+        u = uniform_from(st.seeds, st.steps).to(cdf.dtype) * cdf[:, -1]
+        sampled = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
+        sampled = sampled.clamp_(max=logits.shape[-1] - 1)
+        return torch.where(greedy, greedy_tokens, sampled)
+
+    @staticmethod
+    def _top_k_top_p(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        sorted_x, order = x.sort(dim=-1, descending=True)
+        vocab = x.shape[-1]
+        rank = torch.arange(vocab, device=x.device)[None, :]
+        drop = torch.zeros_like(sorted_x, dtype=torch.bool)
+        if st.any_top_k:
+            k = torch.where(st.top_k > 0, st.top_k, vocab)[:, None]
+            drop |= rank >= k
+        if st.any_top_p:
+            probs = torch.softmax(sorted_x.masked_fill(drop, float("-inf")), dim=-1)
+            before = probs.cumsum(dim=-1) - probs  # mass strictly before each token
+            drop |= before >= st.top_p[:, None]
+        sorted_x = sorted_x.masked_fill(drop, float("-inf"))
+        return torch.empty_like(x).scatter_(-1, order, sorted_x)

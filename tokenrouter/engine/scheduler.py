@@ -1,0 +1,138 @@
+"""Continuous batching with chunked prefill and preemption by recompute.
+
+Every step: running sequences first (decodes take one token of the step's token budget each,
+unfinished prefills take chunks of what is left), then waiting sequences are admitted while
+budget, batch size and KV blocks allow. When the pool runs dry, the most recently admitted
+running sequence is preempted: its blocks are freed and it waits to be recomputed (its prefix
+may still be in the prefix cache). Nothing it generated is lost.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from .block_manager import BlockManager
+from .model_runner import ScheduledBatch
+from .sequence import Sequence, SeqStatus
+
+
+class PoolTooSmall(Exception):
+    """A sequence needs more KV than the whole pool holds."""
+
+
+class Scheduler:
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int):
+        self.blocks = blocks
+        self.max_num_seqs = max_num_seqs
+        self.max_num_batched_tokens = max_num_batched_tokens
+        self.waiting: deque[Sequence] = deque()
+        self.running: deque[Sequence] = deque()
+        self.num_preemptions = 0
+
+    def add(self, seq: Sequence) -> None:
+        seq.status = SeqStatus.WAITING
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def remove(self, seq: Sequence) -> None:
+        """Take a sequence out (finished, aborted or failed) and free its blocks."""
+        if seq.status is SeqStatus.RUNNING:
+            try:
+                self.running.remove(seq)
+            except ValueError:
+                pass
+        else:
+            try:
+                self.waiting.remove(seq)
+            except ValueError:
+                pass
+        self.blocks.free(seq)
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.blocks.free(seq)
+        seq.status = SeqStatus.WAITING
+        seq.num_preemptions += 1
+        self.num_preemptions += 1
+        self.waiting.appendleft(seq)
+
+    def _too_big(self, seq: Sequence, num_tokens: int) -> PoolTooSmall:
+        return PoolTooSmall(
+            f"request needs KV for {num_tokens} tokens but the pool of this worker holds "
+            f"{self.blocks.capacity_tokens} tokens ({self.blocks.num_blocks} blocks of {self.blocks.block_size})"
+        )
+
+    def schedule(self) -> tuple[ScheduledBatch | None, list[tuple[Sequence, Exception]]]:
+        """Pick this step's batch; also return sequences that can never fit, to be failed."""
+        budget = self.max_num_batched_tokens
+        failed: list[tuple[Sequence, Exception]] = []
+        decodes: list[Sequence] = []
+        prefills: list[tuple[Sequence, int]] = []
+        kept: list[Sequence] = []  # running sequences that keep their blocks but skip this step
+
+        # Running decodes first (one token each), then unfinished prefills.
+        queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed > 1))
+        self.running.clear()
+        while queue:
+            seq = queue.popleft()
+            n = seq.num_uncomputed
+            if n > 1:
+                n = min(n, budget)
+            if n == 0 or budget == 0:
+                kept.append(seq)
+                continue
+            target = seq.num_computed + n
+            while not self.blocks.grow(seq, target):
+                victim = queue.pop() if queue else None
+                if victim is None:
+                    if not decodes and not prefills and not kept:
+                        failed.append((seq, self._too_big(seq, target)))
+                        self.blocks.free(seq)
+                    else:
+                        self._preempt(seq)
+                    seq = None
+                    break
+                self._preempt(victim)
+            if seq is None:
+                continue
+            budget -= n
+            if n == 1 and seq.num_uncomputed == 1:
+                decodes.append(seq)
+            else:
+                prefills.append((seq, n))
+
+        # Admit waiting sequences.
+        while self.waiting and budget > 0 and len(decodes) + len(prefills) + len(kept) < self.max_num_seqs:
+            seq = self.waiting[0]
+            total = len(seq.req.token_ids)
+            if self.blocks.blocks_for(total) > self.blocks.num_blocks:
+                self.waiting.popleft()
+                failed.append((seq, self._too_big(seq, total)))
+                continue
+            if not seq.block_table:
+                self.blocks.match_prefix(seq)
+            n = min(seq.num_uncomputed, budget)
+            fits = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
+            if fits < n:
+                if decodes or prefills or kept:  # others hold the memory: wait for them to finish
+                    self.blocks.free(seq)
+                    break
+                n = fits  # alone: prefill in chunks that fit
+            self.blocks.grow(seq, seq.num_computed + n)
+            self.waiting.popleft()
+            seq.status = SeqStatus.RUNNING
+            budget -= n
+            if n == 1 and seq.num_uncomputed == 1:
+                decodes.append(seq)
+            else:
+                prefills.append((seq, n))
+
+        self.running.extend(decodes)
+        self.running.extend(s for s, _ in prefills)
+        self.running.extend(kept)
+        if not decodes and not prefills:
+            return None, failed
+        seqs = decodes + [s for s, _ in prefills]
+        num_new = [1] * len(decodes) + [n for _, n in prefills]
+        return ScheduledBatch(seqs=seqs, num_new=num_new, num_decode=len(decodes)), failed

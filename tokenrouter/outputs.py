@@ -1,0 +1,51 @@
+"""What a caller gets back: the final output of a request and the deltas of a stream."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+
+@dataclass
+class RequestOutput:
+    """The result of one request.
+
+    `token_ids` are the generated tokens only; `token_models[i]` names the model that wrote
+    `token_ids[i]`. Times are in seconds from submission.
+    """
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    token_models: list[str]
+    finish_reason: FinishReason
+    prompt_token_ids: list[int] = field(repr=False, default_factory=list)
+    error: str | None = None
+    num_cached_prompt_tokens: int = 0
+    time_to_first_token: float | None = None
+    latency: float = 0.0
+
+    @property
+    def num_handoffs(self) -> int:
+        """How many times the writing model changed along the output."""
+        return sum(a != b for a, b in zip(self.token_models, self.token_models[1:]))
+
+    def tokens_per_model(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for m in self.token_models:
+            counts[m] = counts.get(m, 0) + 1
+        return counts
+
+
+@dataclass
+class StreamDelta:
+    """New output of a stream. The last delta has `finish_reason` set (its text may be empty)."""
+
+    request_id: str
+    text: str
+    token_ids: list[int]
+    model: str | None
+    finish_reason: FinishReason | None = None
+    error: str | None = None

@@ -1,0 +1,73 @@
+"""Turn what a caller passes as a prompt into token ids, validating it on the way."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Union
+
+from .errors import InvalidRequestError
+
+ChatMessage = Mapping[str, object]
+Prompt = Union[str, Sequence[int], Sequence[ChatMessage]]
+
+CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
+
+
+def _check_text(field: str, text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InvalidRequestError(field, f"is not valid Unicode (character {e.start} is a lone surrogate)") from e
+
+
+def _check_messages(messages: Sequence[ChatMessage]) -> None:
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping):
+            raise InvalidRequestError(f"prompt[{i}]", f"a chat message must be a dict, got {type(m).__name__}")
+        role = m.get("role")
+        if role not in CHAT_ROLES:
+            raise InvalidRequestError(f"prompt[{i}].role", f"unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}")
+        content = m.get("content")
+        if not isinstance(content, str) and not (role == "assistant" and content is None):
+            raise InvalidRequestError(f"prompt[{i}].content", "must be a string")
+        if isinstance(content, str):
+            _check_text(f"prompt[{i}].content", content)
+
+
+def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int) -> list[int]:
+    """Token ids for a string, a list of token ids, or a list of chat messages.
+
+    Chat messages are rendered with the tokenizer's chat template, with the generation prompt.
+    """
+    if isinstance(prompt, str):
+        if not prompt:
+            raise InvalidRequestError("prompt", "is empty")
+        _check_text("prompt", prompt)
+        ids = tokenizer.encode(prompt, add_special_tokens=True)
+    elif isinstance(prompt, (bytes, bytearray)):
+        raise InvalidRequestError("prompt", "must be str, not bytes; decode it first")
+    elif isinstance(prompt, Sequence):
+        if len(prompt) == 0:
+            raise InvalidRequestError("prompt", "is empty")
+        if all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)
+            bad = [t for t in ids if t < 0 or t >= vocab_size]
+            if bad:
+                raise InvalidRequestError("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
+        elif all(isinstance(m, Mapping) for m in prompt):
+            _check_messages(prompt)
+            if getattr(tokenizer, "chat_template", None) is None:
+                raise InvalidRequestError("prompt", "chat messages need a chat template, and this tokenizer has none")
+            ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = list(ids)
+        else:
+            raise InvalidRequestError("prompt", "a list prompt must be all token ids (int) or all chat messages (dict)")
+    else:
+        raise InvalidRequestError("prompt", f"must be a str, a list of token ids or chat messages, got {type(prompt).__name__}")
+    if not ids:
+        raise InvalidRequestError("prompt", "encodes to zero tokens")
+    if len(ids) >= max_model_len:
+        raise InvalidRequestError(
+            "prompt", f"is {len(ids)} tokens; the model's context holds {max_model_len}, leaving no room to generate"
+        )
+    return ids
