@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ class ScheduledBatch:
 class ForwardOutput:
     logits: torch.Tensor  # [len(sample_rows), vocab]
     sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
+    model_time: float  # seconds inside the model's forward (the rest of a step is engine overhead)
 
 
 class ModelRunner:
@@ -109,6 +111,7 @@ class ModelRunner:
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
         keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
+        t0 = time.perf_counter()
         with step_context(self.backend, meta):
             out = self.model(
                 input_ids=input_ids[None],
@@ -116,4 +119,4 @@ class ModelRunner:
                 use_cache=False,
                 logits_to_keep=keep,
             )
-        return ForwardOutput(logits=out.logits[0], sample_rows=sample_rows)
+        return ForwardOutput(logits=out.logits[0], sample_rows=sample_rows, model_time=time.perf_counter() - t0)

@@ -219,9 +219,8 @@ class Worker:
         self.time_step += time.perf_counter() - t_start
 
     def _run_batch(self, batch: ScheduledBatch, events: list[WorkerEvent]) -> None:
-        t0 = time.perf_counter()
         out = self.runner.forward(batch)
-        self.time_forward += time.perf_counter() - t0
+        self.time_forward += out.model_time
         self.steps += 1
         self.batch_sizes[len(batch)] += 1
         for seq, n in zip(batch.seqs, batch.num_new):

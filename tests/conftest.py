@@ -1,0 +1,38 @@
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+
+import pytest
+import torch
+
+torch.set_num_threads(1)
+
+from tokenrouter.testing import build_tiny_model, build_tokenizer  # noqa: E402
+
+ARCHS = ["llama", "qwen2", "qwen3"]
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return build_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, tokenizer):
+    """float64 tiny models of three architectures, by arch name."""
+    root = tmp_path_factory.mktemp("tiny")
+    models = {
+        arch: build_tiny_model(root / arch, arch, dtype=torch.float64, seed=i, tokenizer=tokenizer)
+        for i, arch in enumerate(ARCHS)
+    }
+    # Sliding-window attention (every layer attends to the last 8 positions only).
+    models["mistral-sliding"] = build_tiny_model(
+        root / "mistral", "mistral", dtype=torch.float64, seed=5, tokenizer=tokenizer, sliding_window=8
+    )
+    return models
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tiny_models):
+    return tiny_models["qwen2"]

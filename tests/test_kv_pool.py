@@ -1,0 +1,117 @@
+"""Paged KV pool: prefix sharing, preemption with recompute, and every block free at the end."""
+
+import random
+
+import anyio
+import pytest
+
+from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter.engine.block_manager import BlockManager
+from tokenrouter.engine.sequence import Request, Sequence
+
+from .helpers import hf_greedy, wait_all_free
+
+
+def _seq(tokens):
+    return Sequence(Request("r", list(tokens), SamplingParams(), 0, frozenset(), 10))
+
+
+def test_block_manager_prefix_sharing_and_free():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a = _seq(range(10))  # blocks [0..3] [4..7] [8, 9]
+    bm.match_prefix(a)
+    assert a.num_computed == 0
+    assert bm.grow(a, 10) and len(a.block_table) == 3
+    a.num_computed = 10
+    bm.register_full_blocks(a)
+    b = _seq(list(range(8)) + [99, 98, 97])
+    bm.match_prefix(b)
+    assert b.num_computed == 8 and b.block_table == a.block_table[:2]
+    assert bm.ref_counts[a.block_table[0]] == 2
+    # A prompt that is exactly the cached blocks still computes its last token itself.
+    c = _seq(range(8))
+    bm.match_prefix(c)
+    assert c.num_computed == 4
+    for s in (a, b, c):
+        bm.free(s)
+    assert bm.num_free == 8
+    # Freed blocks keep their content for later hits until reused.
+    d = _seq(range(9))
+    bm.match_prefix(d)
+    assert d.num_computed == 8
+    bm.free(d)
+
+
+def test_block_manager_refuses_when_short():
+    bm = BlockManager(num_blocks=2, block_size=4)
+    a = _seq(range(20))
+    assert not bm.grow(a, 12)
+    assert a.block_table == [] and bm.num_free == 2
+
+
+def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tokenizer):
+    rng = random.Random(7)
+    vocab = len(tokenizer)
+    shared = [rng.randrange(3, vocab) for _ in range(40)]
+    prompts = [shared + [rng.randrange(3, vocab) for _ in range(rng.randint(1, 12))] for _ in range(10)]
+    prompts += [[rng.randrange(3, vocab) for _ in range(rng.randint(5, 30))] for _ in range(4)]
+    max_tokens = [rng.randint(20, 45) for _ in prompts]
+    # 20 blocks of 8 = 160 tokens: far less than 14 requests need at once, so preemption must happen.
+    spec = ModelSpec(path=tiny_model, dtype="float64", kv_cache_tokens=160, block_size=8, max_num_batched_tokens=64)
+    outs = {}
+
+    async def main():
+        async with Engine(models={"m": spec}) as engine:
+            async def one(i):
+                await anyio.sleep(0.002 * i)
+                params = SamplingParams(temperature=0, max_tokens=max_tokens[i], ignore_eos=True)
+                outs[i] = await engine.generate(prompts[i], params)
+
+            async def aborted():
+                # This one is aborted mid-way: its blocks must come back too.
+                async with anyio.create_task_group() as tg:
+                    async def run():
+                        outs["aborted"] = await engine.generate(
+                            prompts[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
+                            request_id="to-abort",
+                        )
+                    tg.start_soon(run)
+                    await anyio.sleep(0.05)
+                    await engine.abort("to-abort")
+
+            async def too_big():
+                outs["too_big"] = await engine.generate(
+                    [5] * 300, SamplingParams(temperature=0, max_tokens=5)
+                )
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+                tg.start_soon(aborted)
+                tg.start_soon(too_big)
+            await wait_all_free(engine)
+            stats = engine.stats()["m"]
+            assert stats.preemptions > 0, "the pool was meant to force preemption"
+            assert stats.prefix_cache_hit_tokens > 0, "the shared prefix was meant to be reused"
+
+    anyio.run(main)
+    assert outs["aborted"].finish_reason == "abort"
+    assert outs["too_big"].finish_reason == "error"
+    assert "300 tokens" in outs["too_big"].error and "160 tokens" in outs["too_big"].error
+    assert any(outs[i].num_cached_prompt_tokens > 0 for i in range(10))
+    for i, p in enumerate(prompts):
+        assert outs[i].token_ids == hf_greedy(tiny_model, p, max_tokens[i]), f"request {i} differs"
+
+
+@pytest.mark.parametrize("budget", [dict(kv_cache_tokens=64), dict(kv_cache_bytes=64 * 2 * 2 * 2 * 16 * 8)])
+def test_budget_in_tokens_or_bytes(tiny_model, budget):
+    # tiny qwen2: 2 layers x 2 kv heads x 16 dims, float64: 2*2*2*16*8 = 1024 bytes per token
+    spec = ModelSpec(path=tiny_model, dtype="float64", block_size=8, **budget)
+
+    async def main():
+        async with Engine(models={"m": spec}) as engine:
+            st = engine.stats()["m"]
+            assert st.kv_blocks_total * st.kv_block_size == 64
+            assert st.kv_cache_bytes == 64 * 1024
+
+    anyio.run(main)
