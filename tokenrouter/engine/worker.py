@@ -226,14 +226,16 @@ class Worker:
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.num_computed += n
             self.blocks.register_full_blocks(seq)
-        if out.sample_rows:
-            reqs = [batch.seqs[r].req for r in out.sample_rows]
+        reqs = [batch.seqs[r].req for r in out.sample_rows]
+        if not reqs:
+            tokens = []
+        elif all(r.params.temperature == 0.0 for r in reqs):  # all greedy: no sampling tensors needed
+            tokens = out.logits.argmax(dim=-1).tolist()
+        else:
             st = SamplingTensors.build(
                 [r.params for r in reqs], [r.seed for r in reqs], [r.num_generated for r in reqs], out.logits.device
             )
             tokens = self.sampler(out.logits, st).tolist()
-        else:
-            tokens = []
         eos = self.loaded.eos_token_ids
         for row, token in zip(out.sample_rows, tokens):
             seq = batch.seqs[row]
