@@ -13,7 +13,7 @@ from .helpers import hf_greedy, wait_all_free
 
 
 def _seq(tokens):
-    return Sequence(Request("r", list(tokens), SamplingParams(), 0, frozenset(), 10))
+    return Sequence(Request("r", list(tokens), SamplingParams(), 0, frozenset(), 10), token_ids=list(tokens))
 
 
 def test_block_manager_prefix_sharing_and_free():

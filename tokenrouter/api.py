@@ -41,6 +41,8 @@ class Engine:
         policy: Policy | None = None,
         *,
         num_threads: int | None = None,
+        delayed_batching: int | Mapping[str, int] | None = None,
+        batch_wait_s: float = 0.02,
         stop_timeout: float = 30.0,
     ):
         if not models:
@@ -68,13 +70,34 @@ class Engine:
             raise ConfigError("num_threads: must be >= 1")
         if stop_timeout <= 0:
             raise ConfigError("stop_timeout: must be > 0")
+        if not (batch_wait_s >= 0):
+            raise ConfigError("batch_wait_s: must be >= 0")
+        self.batch_min = self._batch_min(delayed_batching)
+        self.batch_wait_s = batch_wait_s
         self.policy = policy
         self.num_threads = num_threads
         self.stop_timeout = stop_timeout
         self.loaded: dict[str, LoadedModel] = {}
         self.workers: dict[str, Worker] = {}
         self._channels: dict[str, RequestChannel] = {}
+        self._requests: dict[str, Request] = {}
         self._running = False
+
+    def _batch_min(self, delayed_batching) -> dict[str, int]:
+        """B per model for delayed batching: None means step as soon as anything is ready (B = 1)."""
+        if delayed_batching is None:
+            return {name: 1 for name in self.specs}
+        if isinstance(delayed_batching, Mapping):
+            unknown = sorted(set(delayed_batching) - set(self.specs))
+            if unknown:
+                raise ConfigError(f"delayed_batching: names unknown model(s) {unknown}")
+            values = {name: delayed_batching.get(name, 1) for name in self.specs}
+        else:
+            values = {name: delayed_batching for name in self.specs}
+        for name, b in values.items():
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                raise ConfigError(f"delayed_batching: B for model {name!r} must be an int >= 1, got {b!r}")
+        return values
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -95,7 +118,13 @@ class Engine:
         try:
             for name, spec in self.specs.items():
                 self.loaded[name] = await anyio.to_thread.run_sync(load_model, name, spec)
-                self.workers[name] = Worker(self.loaded[name], self._dispatch)
+            self._check_tokenizers()
+            for name in self.specs:
+                self.workers[name] = Worker(
+                    self.loaded[name], self._dispatch, self.policy, self.batch_min[name], self.batch_wait_s
+                )
+            for worker in self.workers.values():
+                worker.connect(self.workers)
         except BaseException:
             self.loaded.clear()
             self.workers.clear()
@@ -103,6 +132,19 @@ class Engine:
         for worker in self.workers.values():
             worker.start()
         self._running = True
+
+    def _check_tokenizers(self) -> None:
+        """Routed models must share one vocabulary: a token id must mean the same to each of them."""
+        names = self.policy.models
+        first = self.loaded[names[0]]
+        vocab = first.tokenizer.get_vocab()
+        for name in names[1:]:
+            other = self.loaded[name]
+            if other.tokenizer.get_vocab() != vocab:
+                raise ConfigError(
+                    f"models {names[0]!r} ({first.spec.path}) and {name!r} ({other.spec.path}) have different "
+                    "tokenizers; token-level routing needs one shared vocabulary"
+                )
 
     async def close(self) -> None:
         """Stop the workers; requests still in flight end with finish_reason 'abort'."""
@@ -162,26 +204,30 @@ class Engine:
         """Submit a request and yield its deltas until it has ended on every worker."""
         channel = RequestChannel(req.request_id)
         self._channels[req.request_id] = channel
+        self._requests[req.request_id] = req
         proc = OutputProcessor(self.loaded[self.policy.entry_model].tokenizer, req)
         aborted = False
         try:
-            self.workers[self.policy.entry_model].submit(req)
+            if not self.workers[self.policy.entry_model].submit(req):
+                raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
             while not proc.worker_done:
                 for ev in await channel.get():
                     delta = proc.process(ev)
                     if delta is not None:
                         yield delta, proc
                 if proc.done and not proc.worker_done and not aborted:
-                    self._abort_everywhere(req.request_id)  # a stop string ended it
+                    self._abort_everywhere(req)  # a stop string ended it
                     aborted = True
         finally:
             if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere
-                self._abort_everywhere(req.request_id)
+                self._abort_everywhere(req)
             self._channels.pop(req.request_id, None)
+            self._requests.pop(req.request_id, None)
 
-    def _abort_everywhere(self, request_id: str) -> None:
+    def _abort_everywhere(self, req: Request) -> None:
+        req.aborted = True  # a hand-off still in transit ends when it arrives
         for worker in self.workers.values():
-            worker.abort(request_id)
+            worker.abort(req.request_id)
 
     async def generate(
         self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
@@ -208,7 +254,9 @@ class Engine:
 
     async def abort(self, request_id: str) -> None:
         """End a request early; its generate/stream ends with finish_reason 'abort'."""
-        self._abort_everywhere(request_id)
+        req = self._requests.get(request_id)
+        if req is not None:
+            self._abort_everywhere(req)
 
     # ---- introspection ---------------------------------------------------------------------
     def stats(self) -> dict[str, WorkerStats]:

@@ -13,7 +13,8 @@ class RequestOutput:
     """The result of one request.
 
     `token_ids` are the generated tokens only; `token_models[i]` names the model that wrote
-    `token_ids[i]`. Times are in seconds from submission.
+    `token_ids[i]`. `tokens_processed` counts, per model, the tokens its forward passes took in
+    for this request (prompt, catch-ups and recomputation). Times are in seconds from submission.
     """
 
     request_id: str
@@ -24,13 +25,10 @@ class RequestOutput:
     prompt_token_ids: list[int] = field(repr=False, default_factory=list)
     error: str | None = None
     num_cached_prompt_tokens: int = 0
+    num_handoffs: int = 0  # times the request moved to another model
+    tokens_processed: dict[str, int] = field(default_factory=dict)  # tokens each model's forwards took in
     time_to_first_token: float | None = None
     latency: float = 0.0
-
-    @property
-    def num_handoffs(self) -> int:
-        """How many times the writing model changed along the output."""
-        return sum(a != b for a, b in zip(self.token_models, self.token_models[1:]))
 
     def tokens_per_model(self) -> dict[str, int]:
         counts: dict[str, int] = {}

@@ -63,7 +63,7 @@ class BlockManager:
         computed, so its logits exist and no shared block is ever written.
         """
         assert not seq.block_table and seq.num_computed == 0
-        tokens = seq.req.token_ids
+        tokens = seq.token_ids
         bs = self.block_size
         h = 0
         for i in range((len(tokens) - 1) // bs):
@@ -94,7 +94,7 @@ class BlockManager:
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publish the sequence's newly completed full blocks to the prefix cache."""
         bs = self.block_size
-        tokens = seq.req.token_ids
+        tokens = seq.token_ids
         n_full = seq.num_computed // bs
         if n_full <= seq.num_hashed_blocks:
             return

@@ -69,7 +69,7 @@ class ModelRunner:
             ctx_t = torch.tensor(ctx, device=dev)
             decode_mask = torch.arange(max_ctx, device=dev)[None, :] < ctx_t[:, None]
             decode_positions = ctx_t - 1
-            ids.extend(s.req.token_ids[s.num_computed] for s in dseqs)
+            ids.extend(s.token_ids[s.num_computed] for s in dseqs)
             pos_chunks.append(decode_positions)
             slot_chunks.append(decode_slots.gather(1, decode_positions[:, None]).squeeze(1))
             sample_rows.extend(range(nd))
@@ -83,13 +83,13 @@ class ModelRunner:
             first = seq.num_computed
             ctx_len = first + n
             table = torch.tensor(seq.block_table, device=dev)
-            ids.extend(seq.req.token_ids[first:ctx_len])
+            ids.extend(seq.token_ids[first:ctx_len])
             pos = torch.arange(first, ctx_len, device=dev)
             pos_chunks.append(pos)
             slot_chunks.append(self._slots(table, pos))
             prefill_rows.append((start, n, ctx_len))
             prefill_slots.append(self._slots(table, torch.arange(ctx_len, device=dev)) if first else None)
-            if ctx_len == len(seq.req.token_ids):
+            if ctx_len == len(seq.token_ids):
                 sample_rows.append(row)
                 last_index.append(start + n - 1)
             start += n

@@ -24,6 +24,8 @@ class OutputProcessor:
         self.error: str | None = None
         self.worker_done = False  # the worker sent its terminal event: no KV left anywhere
         self.num_cached_prompt = 0
+        self.num_handoffs = 0
+        self.tokens_processed: dict[str, int] = {}
         self.t_start = time.monotonic()
         self.t_first: float | None = None
         self.t_end: float | None = None
@@ -36,6 +38,10 @@ class OutputProcessor:
         """Fold in one worker event; return the delta to stream, if any."""
         if ev.finish_reason is not None:
             self.worker_done = True
+        if ev.num_fed:
+            self.tokens_processed[ev.model] = ev.num_fed
+        if ev.handoff_to is not None and not self.done:
+            self.num_handoffs += 1
         if self.done:  # e.g. tokens that raced with the abort sent after a stop string
             return None
         new_ids: list[int] = []
@@ -91,6 +97,8 @@ class OutputProcessor:
             prompt_token_ids=list(self.req.prompt_ids),
             error=self.error,
             num_cached_prompt_tokens=self.num_cached_prompt,
+            num_handoffs=self.num_handoffs,
+            tokens_processed=dict(self.tokens_processed),
             time_to_first_token=None if self.t_first is None else self.t_first - self.t_start,
             latency=end - self.t_start,
         )

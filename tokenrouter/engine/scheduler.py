@@ -1,15 +1,19 @@
-"""Continuous batching with chunked prefill and preemption by recompute.
+"""Continuous batching with chunked prefill, pending requests, and preemption by recompute.
 
-Every step: running sequences first (decodes take one token of the step's token budget each,
-unfinished prefills take chunks of what is left), then waiting sequences are admitted while
-budget, batch size and KV blocks allow. When the pool runs dry, the most recently admitted
-running sequence is preempted: its blocks are freed and it waits to be recomputed (its prefix
-may still be in the prefix cache). Nothing it generated is lost.
+Every step: running sequences first (decodes take one token of the step's token budget each;
+unfinished prefills and catch-ups of requests back from a peer take chunks of what is left),
+then waiting sequences are admitted while budget, batch size and KV blocks allow.
+
+A request away at a peer is *pending*: it keeps its blocks, so on return only the unseen suffix
+is computed. When blocks run out, pending requests are evicted first (least recently parked
+first; they recompute on return), then the most recently admitted running sequence is
+preempted: its blocks are freed and it waits to be recomputed. Nothing generated is ever lost.
 """
 
 from __future__ import annotations
 
-from collections import deque
+import time
+from collections import OrderedDict, deque
 
 from .block_manager import BlockManager
 from .model_runner import ScheduledBatch
@@ -27,25 +31,45 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
+        self.pending: OrderedDict[str, Sequence] = OrderedDict()  # oldest parked first
         self.num_preemptions = 0
+        self.num_evictions = 0
 
     def add(self, seq: Sequence) -> None:
         seq.status = SeqStatus.WAITING
         self.waiting.append(seq)
 
+    @property
+    def num_ready(self) -> int:
+        return len(self.waiting) + len(self.running)
+
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)
 
+    def park(self, seq: Sequence) -> None:
+        """The request left for a peer: keep its blocks, stop scheduling it."""
+        self.running.remove(seq)
+        seq.status = SeqStatus.PENDING
+        seq.pending_since = time.monotonic()
+        self.pending[seq.request_id] = seq
+
+    def resume(self, seq: Sequence) -> None:
+        """The request is back: catch up on the unseen suffix, or recompute if it was evicted."""
+        del self.pending[seq.request_id]
+        if seq.block_table:
+            seq.status = SeqStatus.RUNNING
+            self.running.append(seq)
+        else:
+            self.add(seq)
+
     def remove(self, seq: Sequence) -> None:
         """Take a sequence out (finished, aborted or failed) and free its blocks."""
-        if seq.status is SeqStatus.RUNNING:
-            try:
-                self.running.remove(seq)
-            except ValueError:
-                pass
+        if seq.status is SeqStatus.PENDING:
+            self.pending.pop(seq.request_id, None)
         else:
+            queue = self.running if seq.status is SeqStatus.RUNNING else self.waiting
             try:
-                self.waiting.remove(seq)
+                queue.remove(seq)
             except ValueError:
                 pass
         self.blocks.free(seq)
@@ -57,7 +81,23 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 
-    def _too_big(self, seq: Sequence, num_tokens: int) -> PoolTooSmall:
+    def _evict_pending(self, blocks_needed: int) -> bool:
+        """Free pending requests' blocks, oldest first, until `blocks_needed` are free."""
+        for seq in self.pending.values():
+            if self.blocks.num_free >= blocks_needed:
+                break
+            if seq.block_table:
+                self.blocks.free(seq)
+                self.num_evictions += 1
+        return self.blocks.num_free >= blocks_needed
+
+    def _grow(self, seq: Sequence, num_tokens: int) -> bool:
+        if self.blocks.grow(seq, num_tokens):
+            return True
+        need = self.blocks.blocks_for(num_tokens) - len(seq.block_table)
+        return self._evict_pending(need) and self.blocks.grow(seq, num_tokens)
+
+    def _too_big(self, num_tokens: int) -> PoolTooSmall:
         return PoolTooSmall(
             f"request needs KV for {num_tokens} tokens but the pool of this worker holds "
             f"{self.blocks.capacity_tokens} tokens ({self.blocks.num_blocks} blocks of {self.blocks.block_size})"
@@ -71,7 +111,7 @@ class Scheduler:
         prefills: list[tuple[Sequence, int]] = []
         kept: list[Sequence] = []  # running sequences that keep their blocks but skip this step
 
-        # Running decodes first (one token each), then unfinished prefills.
+        # Running decodes first (one token each), then unfinished prefills and catch-ups.
         queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed > 1))
         self.running.clear()
         while queue:
@@ -83,11 +123,11 @@ class Scheduler:
                 kept.append(seq)
                 continue
             target = seq.num_computed + n
-            while not self.blocks.grow(seq, target):
+            while not self._grow(seq, target):
                 victim = queue.pop() if queue else None
                 if victim is None:
                     if not decodes and not prefills and not kept:
-                        failed.append((seq, self._too_big(seq, target)))
+                        failed.append((seq, self._too_big(target)))
                         self.blocks.free(seq)
                     else:
                         self._preempt(seq)
@@ -105,20 +145,27 @@ class Scheduler:
         # Admit waiting sequences.
         while self.waiting and budget > 0 and len(decodes) + len(prefills) + len(kept) < self.max_num_seqs:
             seq = self.waiting[0]
-            total = len(seq.req.token_ids)
+            total = len(seq.token_ids)
             if self.blocks.blocks_for(total) > self.blocks.num_blocks:
                 self.waiting.popleft()
-                failed.append((seq, self._too_big(seq, total)))
+                failed.append((seq, self._too_big(total)))
                 continue
             if not seq.block_table:
                 self.blocks.match_prefix(seq)
             n = min(seq.num_uncomputed, budget)
-            fits = (len(seq.block_table) + self.blocks.num_free) * self.blocks.block_size - seq.num_computed
+            bs = self.blocks.block_size
+            need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
+            if need > self.blocks.num_free:
+                self._evict_pending(need)
+            fits = (len(seq.block_table) + self.blocks.num_free) * bs - seq.num_computed
             if fits < n:
                 if decodes or prefills or kept:  # others hold the memory: wait for them to finish
                     self.blocks.free(seq)
                     break
                 n = fits  # alone: prefill in chunks that fit
+                if n <= 0:
+                    self.blocks.free(seq)
+                    break
             self.blocks.grow(seq, seq.num_computed + n)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING

@@ -1,8 +1,9 @@
 """Per-request state.
 
-`Request` is what all workers share about a request: its tokens and how to sample it. `Sequence`
-is one worker's view of it: which KV blocks hold which of its tokens. Keeping them apart lets a
-request move between workers while each keeps its own cache of the request.
+`Request` is what never changes about a request: its prompt and how to sample it. `Sequence` is
+one worker's view of it: the tokens this worker knows, which of them its KV blocks hold, and
+where it stands. Workers do not share token lists: a hand-off carries the suffix the peer has
+not seen, so a worker could live in another process.
 """
 
 from __future__ import annotations
@@ -22,42 +23,39 @@ class Request:
     seed: int
     stop_token_ids: frozenset[int]
     max_tokens: int  # effective: params.max_tokens capped by the context limit
-    token_ids: list[int] = field(default_factory=list)  # prompt + generated
-    token_models: list[str] = field(default_factory=list)  # who wrote each generated token
     arrival_time: float = field(default_factory=time.monotonic)
-
-    def __post_init__(self) -> None:
-        if not self.token_ids:
-            self.token_ids = list(self.prompt_ids)
+    # Set by the caller's side when the request is aborted; a worker that receives a hand-off of
+    # an aborted request ends it instead of running it (the abort may have passed it in transit).
+    aborted: bool = False
 
     @property
     def num_prompt_tokens(self) -> int:
         return len(self.prompt_ids)
 
-    @property
-    def num_generated(self) -> int:
-        return len(self.token_ids) - len(self.prompt_ids)
-
-    def __len__(self) -> int:
-        return len(self.token_ids)
-
 
 class SeqStatus(enum.Enum):
-    WAITING = "waiting"  # needs blocks and (re)prefill
-    RUNNING = "running"  # holds blocks; prefilling in chunks or decoding
+    WAITING = "waiting"  # needs admission: blocks and (re)prefill
+    RUNNING = "running"  # holds blocks; prefilling in chunks, catching up, or decoding
+    PENDING = "pending"  # away at a peer; keeps its blocks unless evicted under memory pressure
 
 
 @dataclass
 class Sequence:
-    """A worker's state for one request: its block table and how many tokens are in its cache."""
+    """A worker's state for one request."""
 
     req: Request
+    token_ids: list[int]  # prompt + generated tokens this worker knows
     status: SeqStatus = SeqStatus.WAITING
     block_table: list[int] = field(default_factory=list)
-    num_computed: int = 0  # tokens of req.token_ids whose KV this worker holds
-    num_cached_prompt: int = 0  # prompt tokens found in the prefix cache at admission
+    num_computed: int = 0  # leading tokens of token_ids whose KV this worker holds
+    num_cached_prompt: int = 0  # prompt tokens found in the prefix cache at first admission
     num_hashed_blocks: int = 0  # leading full blocks already registered in the prefix cache
     num_preemptions: int = 0
+    num_fed: int = 0  # tokens this worker has put through its forward for this request
+    peer_known: dict[str, int] = field(default_factory=dict)  # tokens each peer already knows
+    policy_state: dict = field(default_factory=dict)  # the policy's own per-request fields
+    stalls: int = 0  # hand-offs in a row that added no token (guards against ping-pong)
+    pending_since: float = 0.0
 
     @property
     def request_id(self) -> str:
@@ -65,4 +63,8 @@ class Sequence:
 
     @property
     def num_uncomputed(self) -> int:
-        return len(self.req.token_ids) - self.num_computed
+        return len(self.token_ids) - self.num_computed
+
+    @property
+    def num_generated(self) -> int:
+        return len(self.token_ids) - self.req.num_prompt_tokens

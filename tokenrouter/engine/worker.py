@@ -1,7 +1,10 @@
 """A worker: one model, its KV pool, its scheduler and its step loop, in a background thread.
 
-The worker never blocks on anyone: callers post commands to its inbox and it posts its results
-(new tokens, finished requests) to a sink callback, once per step for the whole batch.
+The worker never blocks on anyone: the caller and peer workers post to its inbox, and it posts
+its results (new tokens, hand-offs, ends) to a sink callback, once per step for the whole
+batch. After each step the policy routes the batch; requests that move are parked here as
+pending, with their KV blocks kept, and a message with the suffix the peer has not seen goes to
+the peer's inbox.
 """
 
 from __future__ import annotations
@@ -14,29 +17,35 @@ from collections import Counter, deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
+from ..policies.base import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVLayout
 from .model_loader import LoadedModel
 from .model_runner import ModelRunner, ScheduledBatch
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
-from .sequence import Request, Sequence
+from .sequence import Request, Sequence, SeqStatus
 from .torch_attention import TorchPagedAttention
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KV_CACHE_TOKENS = 16384
+MAX_STALLS = 8  # hand-offs in a row without a new token before a request is failed
 
 
 @dataclass
 class WorkerEvent:
-    """What a step did to one request: tokens it appended, and whether the request ended here."""
+    """What a step did to one request: tokens it appended, a hand-off, or the request's end."""
 
     request_id: str
     token_ids: list[int]
     model: str
     finish_reason: str | None = None
     error: str | None = None
+    handoff_to: str | None = None
+    num_fed: int = 0  # tokens this worker has processed for the request so far
     num_cached_prompt: int = 0
 
 
@@ -52,23 +61,42 @@ class WorkerStats:
     kv_cache_bytes: int
     running: int
     waiting: int
+    pending: int
     steps: int
+    tokens_processed: int
     preemptions: int
+    evictions: int
+    handoffs_received: int
+    handoffs_sent: int
     prefix_cache_hit_tokens: int
     batch_size_histogram: dict[int, int]
-    time_forward_s: float
-    time_step_s: float
-    time_idle_s: float
+    time_forward_s: float  # inside the model's forward
+    time_step_s: float  # whole steps: schedule, forward, sample, route, bookkeeping
+    time_idle_s: float  # nothing to do
+    time_waiting_for_batch_s: float  # holding back to gather a batch of B (delayed batching)
     alive: bool
     error: str | None
 
 
 class Worker:
-    def __init__(self, loaded: LoadedModel, sink: Sink):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        sink: Sink,
+        policy: Policy,
+        batch_min: int = 1,
+        batch_wait_s: float = 0.0,
+    ):
         spec = loaded.spec
         self.name = loaded.name
         self.loaded = loaded
         self.sink = sink
+        self.policy = policy
+        self.routing = self.name in policy.models and len(policy.models) > 1
+        self.model_index = policy.models.index(self.name) if self.name in policy.models else -1
+        self.batch_min = max(1, min(batch_min, spec.max_num_seqs))
+        self.batch_wait_s = batch_wait_s
+        self.peers: dict[str, Worker] = {}
         layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
         tokens = spec.kv_cache_tokens
         if tokens is None and spec.kv_cache_bytes is None:
@@ -86,27 +114,43 @@ class Worker:
         self.sampler = Sampler()
         self.seqs: dict[str, Sequence] = {}
         self._inbox: deque[tuple[str, object]] = deque()
+        self._inbox_lock = threading.Lock()
+        self._closed = False  # set under _inbox_lock when the loop ends: posts are refused after
         self._wake = threading.Event()
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.error: str | None = None
         # stats
         self.steps = 0
+        self.tokens_processed = 0
+        self.handoffs_received = 0
+        self.handoffs_sent = 0
         self.batch_sizes: Counter[int] = Counter()
         self.time_forward = 0.0
         self.time_step = 0.0
         self.time_idle = 0.0
+        self.time_waiting_for_batch = 0.0
 
     # ---- called from other threads -------------------------------------------------------
+    def connect(self, peers: dict[str, Worker]) -> None:
+        self.peers = {name: w for name, w in peers.items() if w is not self}
+
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name=f"tokenrouter-worker-{self.name}", daemon=True)
         self._thread.start()
 
-    def submit(self, req: Request) -> None:
-        self._post("add", req)
+    def submit(self, req: Request) -> bool:
+        return self._post("add", req)
 
     def abort(self, request_id: str) -> None:
         self._post("abort", request_id)
+
+    def release(self, request_id: str) -> None:
+        """Drop a pending copy of a request that ended elsewhere."""
+        self._post("release", request_id)
+
+    def hand_off(self, msg: PeerMessage, req: Request) -> bool:
+        return self._post("handoff", (msg, req))
 
     def stop(self) -> None:
         self._post("stop", None)
@@ -119,11 +163,15 @@ class Worker:
 
     @property
     def alive(self) -> bool:
-        return self._thread is not None and self._thread.is_alive()
+        return self._thread is not None and self._thread.is_alive() and not self._closed
 
-    def _post(self, kind: str, payload: object) -> None:
-        self._inbox.append((kind, payload))
+    def _post(self, kind: str, payload: object) -> bool:
+        with self._inbox_lock:
+            if self._closed:
+                return False
+            self._inbox.append((kind, payload))
         self._wake.set()
+        return True
 
     def stats(self) -> WorkerStats:
         return WorkerStats(
@@ -134,35 +182,57 @@ class Worker:
             kv_cache_bytes=self.cache.nbytes,
             running=len(self.scheduler.running),
             waiting=len(self.scheduler.waiting),
+            pending=len(self.scheduler.pending),
             steps=self.steps,
+            tokens_processed=self.tokens_processed,
             preemptions=self.scheduler.num_preemptions,
+            evictions=self.scheduler.num_evictions,
+            handoffs_received=self.handoffs_received,
+            handoffs_sent=self.handoffs_sent,
             prefix_cache_hit_tokens=self.blocks.prefix_hits,
             batch_size_histogram=dict(sorted(self.batch_sizes.items())),
             time_forward_s=self.time_forward,
             time_step_s=self.time_step,
             time_idle_s=self.time_idle,
+            time_waiting_for_batch_s=self.time_waiting_for_batch,
             alive=self.alive,
             error=self.error,
         )
 
     # ---- the worker thread ---------------------------------------------------------------
     def _run(self) -> None:
+        hold_since: float | None = None
         try:
-            while True:
-                self._wake.clear()
-                self._drain_inbox()
-                if self._stopping:
-                    break
-                if not self.scheduler.has_work():
-                    t0 = time.perf_counter()
-                    self._wake.wait(timeout=1.0)
-                    self.time_idle += time.perf_counter() - t0
-                    continue
-                self._step()
+            with torch.inference_mode():
+                while True:
+                    self._wake.clear()
+                    self._drain_inbox()
+                    if self._stopping:
+                        break
+                    ready = self.scheduler.num_ready
+                    if ready == 0:
+                        hold_since = None
+                        t0 = time.perf_counter()
+                        self._wake.wait(timeout=1.0)
+                        self.time_idle += time.perf_counter() - t0
+                        continue
+                    if ready < self.batch_min and self.batch_wait_s > 0:  # delayed batching
+                        now = time.perf_counter()
+                        hold_since = hold_since or now
+                        left = self.batch_wait_s - (now - hold_since)
+                        if left > 0:
+                            self._wake.wait(timeout=left)
+                            self.time_waiting_for_batch += time.perf_counter() - now
+                            continue
+                    hold_since = None
+                    self._step()
         except BaseException as e:  # the loop itself broke: fail everything, report, and die
             self.error = f"worker {self.name!r} died: {type(e).__name__}: {e}"
             log.error("%s\n%s", self.error, traceback.format_exc())
         finally:
+            with self._inbox_lock:
+                self._closed = True
+            self._drain_inbox()  # whatever arrived before the door closed
             self._end_all("abort" if self.error is None else "error", self.error)
 
     def _drain_inbox(self) -> None:
@@ -171,24 +241,56 @@ class Worker:
             kind, payload = self._inbox.popleft()
             if kind == "add":
                 req: Request = payload  # type: ignore[assignment]
-                seq = Sequence(req)
-                self.seqs[req.request_id] = seq
-                self.scheduler.add(seq)
+                self._admit(Sequence(req, token_ids=list(req.prompt_ids)))
+            elif kind == "handoff":
+                self._receive(*payload, events)  # type: ignore[misc]
             elif kind == "abort":
-                seq = self.seqs.pop(payload, None)  # type: ignore[arg-type]
+                seq = self.seqs.get(payload)  # type: ignore[arg-type]
                 if seq is not None:
-                    self.scheduler.remove(seq)
-                    events.append(WorkerEvent(seq.request_id, [], self.name, finish_reason="abort"))
+                    owner = seq.status is not SeqStatus.PENDING
+                    self._release(seq)
+                    if owner:
+                        events.append(self._event(seq, finish_reason="abort"))
+            elif kind == "release":
+                seq = self.seqs.get(payload)  # type: ignore[arg-type]
+                if seq is not None:
+                    self._release(seq)
             elif kind == "stop":
                 self._stopping = True
         if events:
             self.sink(events)
 
+    def _admit(self, seq: Sequence) -> None:
+        self.seqs[seq.request_id] = seq
+        self.scheduler.add(seq)
+
+    def _receive(self, msg: PeerMessage, req: Request, events: list[WorkerEvent]) -> None:
+        """A request arrives from a peer: take the suffix, then catch up (or prefill if new here)."""
+        self.handoffs_received += 1
+        seq = self.seqs.get(msg.request_id)
+        if req.aborted or self._stopping or self._closed:  # aborted in transit: end it here
+            if seq is not None:
+                self._release(seq)
+            events.append(WorkerEvent(req.request_id, [], self.name, finish_reason="abort"))
+            self._release_peers(req.request_id)
+            return
+        if seq is None:
+            seq = Sequence(req, token_ids=list(msg.tokens))
+            self.policy.receive(msg, seq.policy_state)
+            self._admit(seq)
+        else:
+            seq.token_ids.extend(msg.tokens)
+            self.policy.receive(msg, seq.policy_state)
+            self.scheduler.resume(seq)
+        seq.peer_known[msg.source] = len(seq.token_ids)
+
     def _end_all(self, reason: str, error: str | None) -> None:
         events = []
         for seq in list(self.seqs.values()):
+            owner = seq.status is not SeqStatus.PENDING
             self.scheduler.remove(seq)
-            events.append(WorkerEvent(seq.request_id, [], self.name, finish_reason=reason, error=error))
+            if owner:
+                events.append(self._event(seq, finish_reason=reason, error=error))
         self.seqs.clear()
         if events:
             self.sink(events)
@@ -197,60 +299,152 @@ class Worker:
         self.scheduler.remove(seq)
         self.seqs.pop(seq.request_id, None)
 
+    def _release_peers(self, request_id: str) -> None:
+        for peer in self.peers.values():
+            peer.release(request_id)
+
+    def _end(self, seq: Sequence, events: list[WorkerEvent], reason: str, error: str | None = None, tokens=()) -> None:
+        """The request ends here: free it on this worker and every peer, and tell the caller."""
+        self._release(seq)
+        self._release_peers(seq.request_id)
+        events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))
+
+    def _event(self, seq: Sequence, tokens: list[int] | None = None, **kw) -> WorkerEvent:
+        return WorkerEvent(seq.request_id, tokens or [], self.name, num_fed=seq.num_fed, **kw)
+
     def _step(self) -> None:
         t_start = time.perf_counter()
         events: list[WorkerEvent] = []
+        outgoing: list[tuple[Worker, PeerMessage, Request]] = []
         batch, failed = self.scheduler.schedule()
         for seq, exc in failed:
-            self._release(seq)
-            events.append(WorkerEvent(seq.request_id, [], self.name, finish_reason="error", error=str(exc)))
+            self._end(seq, events, "error", str(exc))
         if batch is not None:
             try:
-                self._run_batch(batch, events)
+                self._run_batch(batch, events, outgoing)
             except Exception as e:  # a failed forward fails its batch, not the worker
                 log.exception("worker %r: step failed", self.name)
                 msg = f"model {self.name!r} step failed: {type(e).__name__}: {e}"
                 for seq in batch.seqs:
-                    if seq.request_id in self.seqs:
-                        self._release(seq)
-                        events.append(WorkerEvent(seq.request_id, [], self.name, finish_reason="error", error=msg))
+                    if self.seqs.get(seq.request_id) is seq and seq.status is not SeqStatus.PENDING:
+                        self._end(seq, events, "error", msg)
+        # Events before messages: a peer's tokens must never reach the caller before ours.
         if events:
             self.sink(events)
+        late: list[WorkerEvent] = []
+        for peer, msg, req in outgoing:
+            if not peer.hand_off(msg, req):  # the peer has stopped or died
+                seq = self.seqs.get(req.request_id)
+                reason, err = ("abort", None) if self._stopping or peer.error is None else ("error", peer.error)
+                if seq is not None:
+                    self._end(seq, late, reason, err)
+                else:
+                    late.append(WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=err))
+        if late:
+            self.sink(late)
         self.time_step += time.perf_counter() - t_start
 
-    def _run_batch(self, batch: ScheduledBatch, events: list[WorkerEvent]) -> None:
+    def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
+        if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed
+            return logits.argmax(dim=-1)
+        st = SamplingTensors.build(
+            [s.req.params for s in seqs], [s.req.seed for s in seqs], [s.num_generated for s in seqs], logits.device
+        )
+        return self.sampler(logits, st)
+
+    def _run_batch(self, batch: ScheduledBatch, events: list[WorkerEvent], outgoing: list) -> None:
         out = self.runner.forward(batch)
         self.time_forward += out.model_time
         self.steps += 1
         self.batch_sizes[len(batch)] += 1
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.num_computed += n
+            seq.num_fed += n
+            self.tokens_processed += n
             self.blocks.register_full_blocks(seq)
-        reqs = [batch.seqs[r].req for r in out.sample_rows]
-        if not reqs:
-            tokens = []
-        elif all(r.params.temperature == 0.0 for r in reqs):  # all greedy: no sampling tensors needed
-            tokens = out.logits.argmax(dim=-1).tolist()
+        seqs = [batch.seqs[r] for r in out.sample_rows]
+        if not seqs:
+            return
+        sampled = self._sample(seqs, out.logits)
+        tokens = sampled.tolist()
+        if self.routing:
+            try:
+                keep, next_model = self._route(seqs, out.logits, sampled)
+            except Exception as e:  # a policy that raises fails the requests of this call only
+                log.exception("worker %r: policy.route failed", self.name)
+                msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
+                for seq in seqs:
+                    self._end(seq, events, "error", msg)
+                return
         else:
-            st = SamplingTensors.build(
-                [r.params for r in reqs], [r.seed for r in reqs], [r.num_generated for r in reqs], out.logits.device
-            )
-            tokens = self.sampler(out.logits, st).tolist()
+            keep, next_model = None, None
         eos = self.loaded.eos_token_ids
-        for row, token in zip(out.sample_rows, tokens):
-            seq = batch.seqs[row]
-            req = seq.req
-            first = req.num_generated == 0
-            req.token_ids.append(token)
-            req.token_models.append(self.name)
-            reason = None
-            if (token in eos and not req.params.ignore_eos) or token in req.stop_token_ids:
-                reason = "stop"
-            elif req.num_generated >= req.max_tokens:
-                reason = "length"
-            ev = WorkerEvent(req.request_id, [token], self.name, finish_reason=reason)
-            if first:
+        for i, seq in enumerate(seqs):
+            token = tokens[i]
+            kept = keep is None or keep[i]
+            new = [token] if kept else []
+            if kept:
+                first = seq.num_generated == 0
+                seq.token_ids.append(token)
+                seq.stalls = 0
+                req = seq.req
+                reason = None
+                if (token in eos and not req.params.ignore_eos) or token in req.stop_token_ids:
+                    reason = "stop"
+                elif seq.num_generated >= req.max_tokens:
+                    reason = "length"
+                if reason is not None:
+                    self._end(seq, events, reason, tokens=new)
+                    continue
+            target = next_model[i] if next_model is not None else self.model_index
+            if target == self.model_index:
+                if not kept:
+                    self._end(seq, events, "error", "policy discarded a token without handing the request off")
+                    continue
+                ev = self._event(seq, new)
+                if kept and first:
+                    ev.num_cached_prompt = seq.num_cached_prompt
+                events.append(ev)
+                continue
+            # Hand off: park here with blocks kept, send the peer the suffix it has not seen.
+            if not kept:
+                seq.stalls += 1
+                if seq.stalls > MAX_STALLS:
+                    self._end(seq, events, "error", f"policy handed the request off {seq.stalls} times without a token")
+                    continue
+            name = self.policy.models[target]
+            ev = self._event(seq, new, handoff_to=name)
+            if kept and first:
                 ev.num_cached_prompt = seq.num_cached_prompt
             events.append(ev)
-            if reason is not None:
-                self._release(seq)
+            known = seq.peer_known.get(name, 0)
+            msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:])
+            try:
+                msg = self.policy.send(msg, seq.policy_state)
+            except Exception as e:
+                self._end(seq, events, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
+                continue
+            seq.peer_known[name] = len(seq.token_ids)
+            self.scheduler.park(seq)
+            self.handoffs_sent += 1
+            outgoing.append((self.peers[name], msg, seq.req))
+
+    def _route(self, seqs: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor) -> tuple[list, list]:
+        result = StepResult(
+            model=self.name,
+            model_index=self.model_index,
+            request_ids=[s.request_id for s in seqs],
+            tokens=sampled,
+            logits=logits,
+            num_generated=torch.tensor([s.num_generated for s in seqs]),
+            states=[s.policy_state for s in seqs],
+            entropy=normalized_entropy(logits) if ENTROPY in self.policy.requires else None,
+        )
+        decision = self.policy.route(result)
+        n = len(seqs)
+        if decision.keep.shape != (n,) or decision.next_model.shape != (n,):
+            raise ValueError(f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; expected ({n},)")
+        next_model = decision.next_model.tolist()
+        if any(not 0 <= m < len(self.policy.models) for m in next_model):
+            raise ValueError(f"route returned a model index outside [0, {len(self.policy.models)})")
+        return decision.keep.tolist(), next_model

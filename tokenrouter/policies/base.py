@@ -1,17 +1,105 @@
-"""What every routing policy declares: the models it uses and the one a request starts on."""
+"""The policy interface: route, send and receive, written for one request, run for a batch.
+
+After every step of a worker, `route(result)` sees the whole batch's step result as tensors and
+says, per request, whether to keep the sampled token and which model writes next. When a request
+moves, `send` builds the message to the peer (the engine fills in the token suffix the peer has
+not seen) and `receive` turns it into the peer's local state. Built-in policies decide with
+tensor ops, never a Python loop over requests.
+"""
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+
+import torch
+
+ENTROPY = "entropy"
+HIDDEN = "hidden"
+
+
+def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """H = -sum(p log p) / log V of softmax(logits), per row; in [0, 1]."""
+    logp = torch.log_softmax(logits, dim=-1)
+    h = -(logp.exp() * logp).sum(dim=-1)
+    return h / math.log(logits.shape[-1])
+
+
+@dataclass
+class StepResult:
+    """One worker step, for the requests that sampled a token in it (row i = request_ids[i])."""
+
+    model: str  # the model that stepped
+    model_index: int  # its index in policy.models
+    request_ids: list[str]
+    tokens: torch.Tensor  # [B] sampled token ids
+    logits: torch.Tensor  # [B, V] next-token logits, in the model's compute dtype
+    num_generated: torch.Tensor  # [B] tokens already generated before this one
+    states: list[dict]  # the policy's per-request fields, mutable
+    entropy: torch.Tensor | None = None  # [B] normalized entropy, if the policy requires ENTROPY
+    hidden: torch.Tensor | None = None  # [B, hidden] last hidden state, if it requires HIDDEN
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+
+@dataclass
+class Route:
+    """Per row: keep the sampled token? and the index (in policy.models) of the model that writes next.
+
+    Discarding a token requires handing the request to another model, which regenerates that
+    position; keeping it and staying is ordinary decoding.
+    """
+
+    keep: torch.Tensor  # [B] bool
+    next_model: torch.Tensor  # [B] long
+
+    @classmethod
+    def stay(cls, result: StepResult) -> Route:
+        n = len(result)
+        return cls(torch.ones(n, dtype=torch.bool), torch.full((n,), result.model_index, dtype=torch.long))
+
+
+@dataclass
+class PeerMessage:
+    """What one worker sends another when a request moves."""
+
+    request_id: str
+    source: str
+    target: str
+    tokens: list[int]  # the suffix of the request's tokens the target has not seen
+    fields: dict = field(default_factory=dict)  # the policy's own fields
 
 
 class Policy(ABC):
+    """A routing algorithm. Subclasses name their models and implement `route`.
+
+    `requires` lists the optional step-result fields the policy reads (ENTROPY, HIDDEN); the
+    engine computes only those.
+    """
+
+    requires: frozenset[str] = frozenset()
+
     @property
     @abstractmethod
     def models(self) -> list[str]:
         """Names of the models this policy routes between, as keys of `Engine(models=...)`."""
 
     @property
-    @abstractmethod
     def entry_model(self) -> str:
-        """The model every request starts on."""
+        """The model every request starts on (default: the first)."""
+        return self.models[0]
+
+    def route(self, result: StepResult) -> Route:
+        """Decide, for a batch, keep/discard and who writes next. Default: stay."""
+        return Route.stay(result)
+
+    def send(self, msg: PeerMessage, state: dict) -> PeerMessage:
+        """Build the message to the peer. Default: carry the policy's per-request fields along."""
+        msg.fields.update(state)
+        return msg
+
+    def receive(self, msg: PeerMessage, state: dict) -> None:
+        """Take a message into the receiver's per-request state. The tokens are always accepted."""
+        state.update(msg.fields)

@@ -2,19 +2,18 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from .base import Policy
 
 
-@dataclass(frozen=True)
 class Single(Policy):
-    model: str
+    def __init__(self, model: str):
+        if not isinstance(model, str) or not model:
+            raise ValueError("Single(model): model must be a non-empty model name")
+        self.model = model
 
     @property
     def models(self) -> list[str]:
         return [self.model]
 
-    @property
-    def entry_model(self) -> str:
-        return self.model
+    def __repr__(self) -> str:
+        return f"Single({self.model!r})"

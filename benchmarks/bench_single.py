@@ -1,0 +1,700 @@
+#!/usr/bin/env python
+"""Single-model serving benchmark: tokenrouter vs Hugging Face generate vs transformers' continuous batching.
+
+All three systems run the SAME model weights on the SAME chat-formatted prompts (token ids built once,
+deterministically from --seed), greedily, each producing exactly --max-tokens tokens per request
+(EOS is ignored everywhere), in the same process, one after the other:
+
+  engine        tokenrouter.Engine; a closed-loop client keeps at most C requests in flight
+                (a semaphore over all prompts; a new request starts as soon as one finishes).
+  hf_generate   `model.generate` on static, left-padded batches of C prompts, run one batch after
+                another. A batch's wall time is the latency of every request in it.
+  hf_cb         transformers' continuous batching (the manager behind `model.generate_batch`),
+                attn_implementation "sdpa" (transformers 5.24 dropped the "paged|" prefix for sdpa),
+                with the same KV budget in tokens, the same step token budget and the same
+                closed-loop client as the engine. `--hf-cb-api generate_batch` instead submits all
+                prompts at once through `model.generate_batch` with max_requests_per_batch=C
+                (then the latency includes queueing, so it is not comparable with the others).
+
+Each measured run goes over all prompts and follows a short warm-up (--warmup-prompts requests of
+--warmup-tokens tokens, on prompts of their own). The engine and hf_cb get a fresh instance (and so an
+empty KV cache) for every measured run: the engine's prefix cache would otherwise serve the prompts of
+earlier runs and skip their prefill. The table shows the median over --repeats runs. Metrics: output tokens/s (all
+generated tokens / wall time), request latency p50/p99 (from submission to the last token, as seen
+by the client), and for the engine the fraction of worker step time spent outside the model
+forward, 1 - time_forward_s / time_step_s (worker stats deltas over the measured run).
+
+Usage:
+    python benchmarks/bench_single.py                          # default run (~15 min on 2 cores)
+    python benchmarks/bench_single.py --quick                  # ~2 min smoke run
+    python benchmarks/bench_single.py --concurrency 1 16 --json out.json
+    python benchmarks/bench_single.py --model /path/to/model.gguf
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import platform
+import random
+import shlex
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import torch  # noqa: E402
+
+NUM_THREADS = 2
+torch.set_num_threads(NUM_THREADS)
+
+SYSTEMS = ("engine", "hf_generate", "hf_cb")
+
+# Deterministic prompt material: an instruction plus filler words, lengthened to a target token count.
+_INSTRUCTIONS = [
+    "Explain in simple terms how {a} relates to {b}.",
+    "Write a short story about {a} and {b}.",
+    "Give me a list of tips about {a}, keeping {b} in mind.",
+    "Summarize the following notes on {a}:",
+    "What are the pros and cons of {a} compared with {b}?",
+    "Translate these thoughts about {a} into plain English:",
+    "Write a poem that mentions {a}, {b} and the sea.",
+    "Describe a day in the life of someone who studies {a}.",
+]
+_WORDS = (
+    "river mountain engine garden library coffee window planet signal market winter orange theory "
+    "bridge forest music number kitchen ocean silver travel camera history language pencil harbor "
+    "storm network sunlight school bicycle castle memory paper energy island doctor village science "
+    "morning dragon letter season battery cloud desert violin museum recipe rocket shadow teacher "
+    "garden puzzle lantern canyon festival compass meadow circuit glacier orchard telescope"
+).split()
+
+
+# ---- prompts ---------------------------------------------------------------------------------
+def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
+    """n chat-formatted prompts (token ids, with the generation prompt), lengths about uniform in [lo, hi]."""
+    rng = random.Random(seed)
+    prompts = []
+
+    def encode(text: str) -> list[int]:
+        ids = tokenizer.apply_chat_template(
+            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+        return list(ids)
+
+    for _ in range(n):
+        target = rng.randint(lo, hi)
+        a, b = rng.sample(_WORDS, 2)
+        text = rng.choice(_INSTRUCTIONS).format(a=a, b=b)
+        ids = encode(text)
+        # add words in chunks while far from the target, then one at a time
+        while len(ids) < target:
+            missing = target - len(ids)
+            k = max(1, missing // 2)
+            text += " " + " ".join(rng.choice(_WORDS) for _ in range(k))
+            ids = encode(text)
+        prompts.append(ids)
+    return prompts
+
+
+# ---- results ---------------------------------------------------------------------------------
+@dataclass
+class RunResult:
+    wall_s: float
+    latencies_s: list[float]  # per prompt, in prompt order
+    tokens: list[list[int]]  # generated tokens, per prompt
+    extra: dict = field(default_factory=dict)
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(t) for t in self.tokens)
+
+    @property
+    def tok_per_s(self) -> float:
+        return self.num_tokens / self.wall_s
+
+    def summary(self) -> dict:
+        return {
+            "wall_s": self.wall_s,
+            "tok_per_s": self.tok_per_s,
+            "num_tokens": self.num_tokens,
+            "p50_s": percentile(self.latencies_s, 50),
+            "p99_s": percentile(self.latencies_s, 99),
+            "mean_latency_s": statistics.fmean(self.latencies_s),
+            **self.extra,
+        }
+
+
+def percentile(xs: list[float], p: float) -> float:
+    """Linear-interpolated percentile (numpy's default method)."""
+    s = sorted(xs)
+    if not s:
+        return float("nan")
+    k = (len(s) - 1) * p / 100
+    f = math.floor(k)
+    c = min(f + 1, len(s) - 1)
+    return s[f] + (s[c] - s[f]) * (k - f)
+
+
+def check_lengths(name: str, res: RunResult, max_tokens: int) -> None:
+    bad = [i for i, t in enumerate(res.tokens) if len(t) != max_tokens]
+    if bad:
+        raise RuntimeError(
+            f"{name}: {len(bad)} request(s) did not produce exactly {max_tokens} tokens "
+            f"(e.g. prompt {bad[0]}: {len(res.tokens[bad[0]])})"
+        )
+
+
+class CpuMeter:
+    """CPU used during a run, in cores: by this process, and by everything else on the machine.
+
+    Other processes on a shared 2-core box distort every number here; `foreign_cores` shows it.
+    """
+
+    _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @classmethod
+    def _busy_s(cls) -> float | None:
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return None
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        return (sum(vals[:8]) - idle) / cls._TICK
+
+    def __enter__(self) -> CpuMeter:
+        self.t0, self.b0 = time.perf_counter(), self._busy_s()
+        t = os.times()
+        self.c0 = t.user + t.system
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.t0
+        t = os.times()
+        own = t.user + t.system - self.c0
+        b1 = self._busy_s()
+        self.self_cores = own / wall
+        self.foreign_cores = max(0.0, (b1 - self.b0 - own) / wall) if b1 is not None and self.b0 is not None else 0.0
+
+    def into(self, res: RunResult) -> RunResult:
+        res.extra["cpu_self_cores"] = self.self_cores
+        res.extra["cpu_foreign_cores"] = self.foreign_cores
+        return res
+
+
+def log(msg: str) -> None:
+    print(f"[bench {time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
+
+
+def _load(res: RunResult) -> str:
+    e = res.extra
+    return f" (cpu: self {e.get('cpu_self_cores', 0):.2f}, others {e.get('cpu_foreign_cores', 0):.2f} cores)"
+
+
+# ---- (a) the engine ----------------------------------------------------------------------------
+async def engine_run(engine, prompts, concurrency: int, max_tokens: int) -> RunResult:
+    from tokenrouter import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    sem = asyncio.Semaphore(concurrency)  # FIFO: requests start in prompt order
+    n = len(prompts)
+    lat = [0.0] * n
+    toks: list[list[int]] = [[] for _ in range(n)]
+    ttft = [0.0] * n
+    eng_lat = [0.0] * n
+    errors: list[str] = []
+
+    async def one(i: int) -> None:
+        async with sem:
+            t0 = time.perf_counter()
+            out = await engine.generate(prompts[i], params)
+            lat[i] = time.perf_counter() - t0
+        if out.finish_reason == "error":
+            errors.append(f"prompt {i}: {out.error}")
+        toks[i] = list(out.token_ids)
+        ttft[i] = out.time_to_first_token or float("nan")
+        eng_lat[i] = out.latency
+
+    s0 = engine.stats()["m"]
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(i) for i in range(n)))
+    wall = time.perf_counter() - t0
+    s1 = engine.stats()["m"]
+    if errors:
+        raise RuntimeError(f"engine: {len(errors)} request(s) failed: {errors[0]}")
+    d_fwd = s1.time_forward_s - s0.time_forward_s
+    d_step = s1.time_step_s - s0.time_step_s
+    hist = {k: v - s0.batch_size_histogram.get(k, 0) for k, v in s1.batch_size_histogram.items()}
+    extra = {
+        "overhead_frac": 1.0 - d_fwd / d_step if d_step > 0 else float("nan"),
+        "time_forward_s": d_fwd,
+        "time_step_s": d_step,
+        "time_idle_s": s1.time_idle_s - s0.time_idle_s,
+        "step_frac_of_wall": d_step / wall,
+        "steps": s1.steps - s0.steps,
+        "preemptions": s1.preemptions - s0.preemptions,
+        "prefix_cache_hit_tokens": s1.prefix_cache_hit_tokens - s0.prefix_cache_hit_tokens,
+        "batch_size_histogram": {k: v for k, v in hist.items() if v},
+        "ttft_p50_s": percentile(ttft, 50),
+        "engine_latency_p50_s": percentile(eng_lat, 50),
+    }
+    return RunResult(wall, lat, toks, extra)
+
+
+async def bench_engine(args, model_path, prompts, warm_prompts, profile_dir: Path | None) -> dict:
+    """A fresh Engine for every measured run: its prefix cache must not keep earlier runs' prompts."""
+    from tokenrouter import Engine, ModelSpec
+
+    spec = ModelSpec(
+        path=model_path,
+        dtype="float32",
+        kv_cache_tokens=args.kv_cache_tokens,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=max(args.max_num_seqs, max(args.concurrency)),
+    )
+    out: dict = {}
+    for c in args.concurrency:
+        runs = []
+        for r in range(args.repeats):
+            t = time.perf_counter()
+            async with Engine(models={"m": spec}, num_threads=NUM_THREADS) as engine:
+                if c == args.concurrency[0] and r == 0:
+                    st = engine.stats()["m"]
+                    log(f"engine: loaded in {time.perf_counter() - t:.1f} s; KV pool {st.kv_blocks_total} blocks "
+                        f"of {st.kv_block_size} tokens")  # fmt: skip
+                await engine_run(engine, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
+                prof = _start_profile(profile_dir, f"engine_c{c}") if (profile_dir and r == 0) else None
+                with CpuMeter() as cpu:
+                    res = await engine_run(engine, prompts, c, args.max_tokens)
+                cpu.into(res)
+                if prof is not None:
+                    prof.stop()
+            check_lengths("engine", res, args.max_tokens)
+            runs.append(res)
+            log(f"engine c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s, overhead {res.extra['overhead_frac']:.1%}"
+                f"{_load(res)}")  # fmt: skip
+        out[c] = runs
+    return out
+
+
+# ---- (b) HF generate, static batches -------------------------------------------------------------
+def load_hf(model_path: Path):
+    from transformers import AutoModelForCausalLM
+
+    if model_path.is_file():
+        directory, gguf = model_path.parent, model_path.name
+    else:
+        directory, gguf = model_path, None
+    model = AutoModelForCausalLM.from_pretrained(
+        directory, gguf_file=gguf, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+    )
+    return model.eval()
+
+
+def load_tokenizer(model_path: Path):
+    from transformers import AutoTokenizer
+
+    if model_path.is_file():
+        return AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name, local_files_only=True)
+    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
+
+
+def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens: int) -> RunResult:
+    from transformers import GenerationConfig
+
+    gc = GenerationConfig(
+        max_new_tokens=max_tokens,
+        min_new_tokens=max_tokens,  # belt and braces: EOS is off anyway (eos_token_id=None below)
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=pad_id,
+        bos_token_id=None,
+    )
+    n = len(prompts)
+    lat = [0.0] * n
+    toks: list[list[int]] = [[] for _ in range(n)]
+    t0 = time.perf_counter()
+    for start in range(0, n, concurrency):
+        batch = prompts[start : start + concurrency]
+        width = max(len(p) for p in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for j, p in enumerate(batch):  # left padding
+            ids[j, width - len(p) :] = torch.tensor(p)
+            mask[j, width - len(p) :] = 1
+        tb = time.perf_counter()
+        with torch.inference_mode():
+            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
+        dt = time.perf_counter() - tb
+        for j in range(len(batch)):
+            lat[start + j] = dt
+            toks[start + j] = out[j, width:].tolist()
+    return RunResult(time.perf_counter() - t0, lat, toks)
+
+
+def bench_hf_generate(args, model, pad_id, prompts, warm_prompts) -> dict:
+    out = {}
+    for c in args.concurrency:
+        hf_generate_run(model, pad_id, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)  # warm-up
+        runs = []
+        for r in range(args.repeats):
+            with CpuMeter() as cpu:
+                res = hf_generate_run(model, pad_id, prompts, c, args.max_tokens)
+            cpu.into(res)
+            check_lengths("hf_generate", res, args.max_tokens)
+            runs.append(res)
+            log(f"hf_generate c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{_load(res)}")
+        out[c] = runs
+    return out
+
+
+# ---- (c) transformers continuous batching --------------------------------------------------------
+def _cb_configs(args, max_seqs: int):
+    from transformers import GenerationConfig
+    from transformers.generation.configuration_utils import ContinuousBatchingConfig
+
+    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
+    # eos_token_id=-1 is "no EOS" for continuous batching (add_request also gets eos_token_id=-1)
+    page = args.hf_cb_page_size
+    cb = ContinuousBatchingConfig(
+        page_size=page,
+        num_blocks=math.ceil(args.kv_cache_tokens / page),  # the same KV budget (in tokens) as the engine
+        max_batch_tokens=args.max_num_batched_tokens,  # the same step token budget as the engine
+        max_requests_per_batch=max_seqs,
+        auto_switch_to_flash=False,
+        use_cuda_graph=False,
+        use_async_batching=False,
+        seed=0,
+    )
+    return gen, cb
+
+
+def hf_cb_closed_run(manager, prompts, concurrency: int, max_tokens: int, tag: str) -> RunResult:
+    n = len(prompts)
+    lat = [0.0] * n
+    toks: list[list[int]] = [[] for _ in range(n)]
+    submitted: dict[str, tuple[int, float]] = {}
+    nxt = 0
+    done = 0
+
+    def submit() -> None:
+        nonlocal nxt
+        rid = f"{tag}-{nxt}"
+        submitted[rid] = (nxt, time.perf_counter())
+        manager.add_request(prompts[nxt], request_id=rid, max_new_tokens=max_tokens, eos_token_id=-1)
+        nxt += 1
+
+    t0 = time.perf_counter()
+    while nxt < n and len(submitted) < concurrency:
+        submit()
+    while done < n:
+        res = manager.get_result(timeout=1.0)
+        if res is None:
+            if not manager.is_running():
+                raise RuntimeError("hf_cb: the generation thread died")
+            continue
+        if not res.is_finished():
+            continue
+        now = time.perf_counter()
+        i, ts = submitted.pop(res.request_id)
+        if res.error is not None:
+            raise RuntimeError(f"hf_cb: request {i} failed: {res.error}")
+        lat[i] = now - ts
+        toks[i] = list(res.generated_tokens)
+        done += 1
+        if nxt < n:
+            submit()
+    return RunResult(time.perf_counter() - t0, lat, toks)
+
+
+def hf_cb_generate_batch_run(model, args, prompts, concurrency: int, max_tokens: int) -> RunResult:
+    gen, cb = _cb_configs(args, concurrency)
+    gen.max_new_tokens = max_tokens
+    t0 = time.perf_counter()
+    outs = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb, warmup=False)
+    wall = time.perf_counter() - t0
+    rows = list(outs.values())
+    # generate_batch returns the results in input order; latency from creation to finish (includes queueing)
+    lat = [o.lifespan[1] - o.created_time for o in rows]
+    return RunResult(wall, lat, [list(o.generated_tokens) for o in rows], {"note": "all submitted at t=0"})
+
+
+def bench_hf_cb(args, model, prompts, warm_prompts) -> dict:
+    """A fresh manager (and paged cache) for every measured run, as for the engine."""
+    out = {}
+    for c in args.concurrency:
+        runs = []
+        for r in range(args.repeats):
+            if args.hf_cb_api == "generate_batch":
+                hf_cb_generate_batch_run(model, args, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
+                with CpuMeter() as cpu:
+                    res = hf_cb_generate_batch_run(model, args, prompts, c, args.max_tokens)
+                cpu.into(res)
+            else:
+                gen, cb = _cb_configs(args, max(args.max_num_seqs, max(args.concurrency)))
+                manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+                manager.start()
+                try:
+                    hf_cb_closed_run(manager, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens, "warm")
+                    with CpuMeter() as cpu:
+                        res = hf_cb_closed_run(manager, prompts, c, args.max_tokens, "run")
+                    cpu.into(res)
+                    cache = manager.batch_processor.cache
+                    res.extra["hf_cache_num_blocks"] = cache.num_blocks
+                    res.extra["hf_cache_max_batch_tokens"] = cache.max_batch_tokens
+                finally:
+                    manager.stop(block=True, timeout=30)
+                    manager.destroy()
+            check_lengths("hf_cb", res, args.max_tokens)
+            runs.append(res)
+            log(f"hf_cb c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{_load(res)}")
+        out[c] = runs
+    return out
+
+
+# ---- profiling (py-spy on this process, optional) -------------------------------------------------
+class _PySpy:
+    def __init__(self, proc, path):
+        self.proc, self.path = proc, path
+
+    def stop(self):
+        import signal
+
+        self.proc.send_signal(signal.SIGINT)
+        try:
+            self.proc.wait(timeout=60)
+        except Exception:
+            self.proc.kill()
+        log(f"py-spy profile written to {self.path}")
+
+
+def _start_profile(profile_dir: Path, name: str):
+    import shutil
+    import subprocess
+
+    exe = shutil.which("py-spy") or str(Path(sys.executable).parent / "py-spy")
+    if not Path(exe).exists():
+        log("py-spy not found: no profile")
+        return None
+    profile_dir.mkdir(parents=True, exist_ok=True)
+    path = profile_dir / f"{name}.txt"
+    cmd = [exe, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "200", "--threads",
+           "--nonblocking", "-o", str(path)]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(1.0)
+    return _PySpy(proc, path)
+
+
+# ---- report ----------------------------------------------------------------------------------
+def median_summary(runs: list[RunResult]) -> dict:
+    sums = [r.summary() for r in runs]
+    keys = [k for k, v in sums[0].items() if isinstance(v, (int, float))]
+    return {k: statistics.median(s[k] for s in sums) for k in keys}
+
+
+def first_divergence(a: list[int], b: list[int]) -> int | None:
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
+    same = sum(a == b for a, b in zip(ref, other))
+    div = [first_divergence(a, b) for a, b in zip(ref, other)]
+    return {"identical": same, "of": len(ref), "first_divergence": div}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", type=Path, default=None, help="HF model dir or .gguf file (default: store 'smollm2')")
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    p.add_argument("--num-prompts", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument("--min-prompt-tokens", type=int, default=20)
+    p.add_argument("--max-prompt-tokens", type=int, default=200)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--warmup-prompts", type=int, default=4, help="warm-up requests (their own prompts) per run")
+    p.add_argument("--warmup-tokens", type=int, default=8, help="tokens per warm-up request")
+    p.add_argument("--kv-cache-tokens", type=int, default=16384, help="KV budget (tokens) for engine and hf_cb")
+    p.add_argument("--max-num-batched-tokens", type=int, default=512, help="step token budget, engine and hf_cb")
+    p.add_argument("--max-num-seqs", type=int, default=64, help="most requests per step, engine and hf_cb")
+    p.add_argument("--hf-cb-page-size", type=int, default=256, help="hf_cb page size (its default is 256)")
+    p.add_argument("--hf-cb-api", choices=["closed", "generate_batch"], default="closed")
+    p.add_argument("--systems", nargs="+", choices=SYSTEMS, default=list(SYSTEMS))
+    p.add_argument("--quick", action="store_true", help="~2 min smoke run: 16 prompts <= 64 tokens, 16 new, 1 repeat")
+    p.add_argument("--profile", type=Path, default=None, help="dir: py-spy the first measured engine run per C")
+    p.add_argument("--json", type=Path, default=None, help="write all raw numbers here")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.num_prompts, args.max_tokens, args.repeats, args.warmup_prompts = 16, 16, 1, 2
+        args.max_prompt_tokens = min(args.max_prompt_tokens, 64)
+    if min(args.concurrency) < 1 or args.repeats < 1 or args.num_prompts < 1:
+        p.error("concurrency, repeats and num-prompts must be >= 1")
+
+    print("command: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
+    t_start = time.perf_counter()
+
+    import transformers
+
+    model_path = args.model
+    if model_path is None:
+        from tokenrouter.store import ensure_model
+
+        model_path = ensure_model("smollm2")
+    model_path = Path(model_path)
+    log(f"model {model_path}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{torch.get_num_threads()} threads")  # fmt: skip
+
+    tok = load_tokenizer(model_path)
+    prompts = build_prompts(tok, args.num_prompts, args.min_prompt_tokens, args.max_prompt_tokens, args.seed)
+    warm_prompts = build_prompts(
+        tok, max(args.warmup_prompts, max(args.concurrency)), args.min_prompt_tokens, args.max_prompt_tokens,
+        args.seed + 7919,
+    )  # distinct from the measured prompts, so no prefix cache ever holds a measured prompt
+    plens = [len(x) for x in prompts]
+    log(f"{len(prompts)} prompts, {min(plens)}-{max(plens)} tokens (mean {statistics.fmean(plens):.0f}); "
+        f"{args.max_tokens} new tokens each")  # fmt: skip
+    pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
+
+    results: dict[str, dict] = {}
+    timings: dict[str, float] = {}
+    if "engine" in args.systems:
+        t = time.perf_counter()
+        results["engine"] = asyncio.run(bench_engine(args, model_path, prompts, warm_prompts, args.profile))
+        timings["engine"] = time.perf_counter() - t
+
+    need_hf = "hf_generate" in args.systems or "hf_cb" in args.systems or (
+        "engine" in args.systems and 1 not in args.concurrency
+    )
+    model = None
+    if need_hf:
+        t = time.perf_counter()
+        model = load_hf(model_path)
+        log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
+    if "hf_generate" in args.systems:
+        t = time.perf_counter()
+        results["hf_generate"] = bench_hf_generate(args, model, pad_id, prompts, warm_prompts)
+        timings["hf_generate"] = time.perf_counter() - t
+    if "hf_cb" in args.systems:
+        t = time.perf_counter()
+        results["hf_cb"] = bench_hf_cb(args, model, prompts, warm_prompts)
+        timings["hf_cb"] = time.perf_counter() - t
+
+    # ---- correctness: engine greedy tokens vs HF generate at batch 1 --------------------------
+    checks: dict = {}
+    warnings: list[str] = []
+    ref_b1 = None
+    if "hf_generate" in results and 1 in results["hf_generate"]:
+        ref_b1 = results["hf_generate"][1][0].tokens
+    elif model is not None:
+        ref_b1 = hf_generate_run(model, pad_id, prompts[:2], 1, args.max_tokens).tokens
+    if ref_b1 is not None:
+        for name, res in results.items():
+            for c, runs in res.items():
+                if not isinstance(c, int) or (name == "hf_generate" and c == 1):
+                    continue
+                toks = runs[0].tokens[: len(ref_b1)]
+                checks[f"{name}_c{c}_vs_hf_generate_b1"] = agreement(ref_b1, toks)
+        eng1 = results.get("engine", {}).get(1)
+        if eng1 is None and "engine" in results:
+            eng1 = next(v for k, v in results["engine"].items() if isinstance(k, int))
+        if eng1 is not None:
+            for i in range(min(2, len(ref_b1))):
+                d = first_divergence(ref_b1[i], eng1[0].tokens[i])
+                if d is not None:
+                    warnings.append(
+                        f"WARNING: prompt {i}: engine greedy tokens differ from HF generate (batch 1) "
+                        f"from output position {d} (float32 near-ties can flip)"
+                    )
+
+    # ---- table -----------------------------------------------------------------------------------
+    summary: dict = {}
+    for name, res in results.items():
+        for c, runs in res.items():
+            if isinstance(c, int):
+                summary.setdefault(name, {})[c] = median_summary(runs)
+    print()
+    print(f"model: {model_path} | {len(prompts)} prompts of {min(plens)}-{max(plens)} tokens "
+          f"(mean {statistics.fmean(plens):.0f}) | {args.max_tokens} new tokens each, greedy, EOS ignored | "
+          f"{NUM_THREADS} threads | median of {args.repeats} repeat(s)")  # fmt: skip
+    print()
+    print(
+        "| system | concurrency | tok/s | p50 latency (s) | p99 latency (s) | vs static generate | engine overhead "
+        "| other procs' CPU (cores) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for c in args.concurrency:
+        base = summary.get("hf_generate", {}).get(c, {}).get("tok_per_s")
+        for name in SYSTEMS:
+            s = summary.get(name, {}).get(c)
+            if s is None:
+                continue
+            ratio = f"{s['tok_per_s'] / base:.2f}x" if base else "-"
+            ovh = f"{s['overhead_frac']:.1%}" if "overhead_frac" in s else "-"
+            print(
+                f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {ratio} | {ovh} "
+                f"| {s.get('cpu_foreign_cores', float('nan')):.2f} |"
+            )
+    print()
+    for k, v in checks.items():
+        print(f"tokens {k}: {v['identical']}/{v['of']} identical")
+    busiest = max(
+        (r.extra.get("cpu_foreign_cores", 0.0) for res in results.values() for c, runs in res.items()
+         if isinstance(c, int) for r in runs),
+        default=0.0,
+    )  # fmt: skip
+    if busiest > 0.25:
+        warnings.append(
+            f"WARNING: other processes used up to {busiest:.2f} of the {os.cpu_count()} cores during a measured run; "
+            "the numbers are distorted (rerun on a quiet machine)"
+        )
+    for w in warnings:
+        print(w)
+    total = time.perf_counter() - t_start
+    print(f"wall time: {total:.0f} s (" + ", ".join(f"{k} {v:.0f} s" for k, v in timings.items()) + ")")
+
+    if args.json:
+        raw = {
+            name: {
+                str(c): ([{**r.summary(), "latencies_s": r.latencies_s} for r in runs] if isinstance(c, int) else runs)
+                for c, runs in res.items()
+            }
+            for name, res in results.items()
+        }
+        doc = {
+            "command": [sys.executable, *sys.argv],
+            "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+            "model_path": str(model_path),
+            "env": {
+                "torch": torch.__version__,
+                "transformers": transformers.__version__,
+                "threads": torch.get_num_threads(),
+                "python": platform.python_version(),
+                "machine": platform.machine(),
+                "cpus": os.cpu_count(),
+            },
+            "prompt_lengths": plens,
+            "summary": {n: {str(c): s for c, s in d.items()} for n, d in summary.items()},
+            "runs": raw,
+            "token_checks": checks,
+            "warnings": warnings,
+            "timings_s": {**timings, "total": total},
+        }
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1))
+        log(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
