@@ -1,14 +1,22 @@
-"""Helpers for testing code that uses tokenrouter: tiny random models that load in milliseconds.
+"""Helpers for testing code that uses tokenrouter.
 
-A tiny model is a real transformers model (Llama, Qwen2, Qwen3, ...) with random weights and a
-small byte-level BPE tokenizer trained here, saved as an ordinary Hugging Face directory.
+- Tiny random models that load in milliseconds: real transformers models (Llama, Qwen2, Qwen3,
+  ...) with random weights and a small byte-level BPE tokenizer trained here, saved as ordinary
+  Hugging Face directories.
+- `reference_generate`: a policy run the slow, obvious way, one request at a time, to check the
+  engine (or your own policy) against.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .config import SamplingParams
+from .policies.base import Policy
 
 CHATML_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
@@ -101,3 +109,115 @@ def build_tiny_model(
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@dataclass
+class ReferenceOutput:
+    token_ids: list[int]
+    token_models: list[str]
+    num_handoffs: int
+    finish_reason: str
+    # per model, the sequence length at its last forward: what an engine that never recomputes
+    # feeds that model for this request (prompt + every token it had not yet seen)
+    context_at_last_step: dict[str, int]
+
+
+def load_reference_models(paths: Mapping[str, str | Path], dtype: torch.dtype = torch.float32) -> dict:
+    """Plain transformers models (eager attention, no engine involved) for `reference_generate`."""
+    from transformers import AutoModelForCausalLM
+
+    return {
+        name: AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+        for name, path in paths.items()
+    }
+
+
+def _eos_of(model) -> frozenset[int]:
+    eos = getattr(model.generation_config, "eos_token_id", None)
+    if eos is None:
+        return frozenset()
+    return frozenset([eos] if isinstance(eos, int) else eos)
+
+
+@torch.no_grad()
+def reference_generate(
+    policy: Policy,
+    models: Mapping[str, torch.nn.Module],
+    prompt_ids: list[int],
+    params: SamplingParams,
+    max_model_len: int | None = None,
+) -> ReferenceOutput:
+    """Run one request under a policy the slow, obvious way, to check an engine (or a policy) against.
+
+    Every step recomputes the whole sequence with a plain transformers forward on the model that
+    owns the request: no KV cache, no batching, no threads. The policy's `route`, `send` and
+    `receive` are applied exactly as the engine applies them, and sampling uses the engine's
+    sampler, so seeded sampling matches too. EOS comes from each model's generation_config.
+    """
+    from .engine.sampler import Sampler, SamplingTensors
+    from .engine.worker import MAX_STALLS
+    from .policies.base import ENTROPY, PeerMessage, StepResult, normalized_entropy
+
+    names = policy.models
+    tokens = list(prompt_ids)
+    written: list[str] = []
+    states: dict[str, dict] = {name: {} for name in names}
+    known: dict[tuple[str, str], int] = {}  # (holder, peer) -> tokens the peer knows
+    current = policy.entry_model
+    max_tokens = params.max_tokens
+    if max_model_len is not None:
+        max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+    seed = params.seed if params.seed is not None else 0
+    sampler = Sampler()
+    handoffs = stalls = 0
+    last: dict[str, int] = {}
+
+    def done(reason: str) -> ReferenceOutput:
+        return ReferenceOutput(tokens[len(prompt_ids) :], written, handoffs, reason, last)
+
+    while True:
+        model = models[current]
+        last[current] = len(tokens)
+        logits = model(torch.tensor([tokens])).logits[0, -1:]
+        generated = len(tokens) - len(prompt_ids)
+        if params.temperature == 0.0:
+            token = logits.argmax(dim=-1)
+        else:
+            token = sampler(logits, SamplingTensors.build([params], [seed], [generated], logits.device))
+        keep, nxt = True, names.index(current)
+        if len(names) > 1:
+            result = StepResult(
+                model=current,
+                model_index=names.index(current),
+                request_ids=["reference"],
+                tokens=token,
+                logits=logits,
+                num_generated=torch.tensor([generated]),
+                states=[states[current]],
+                entropy=normalized_entropy(logits) if ENTROPY in policy.requires else None,
+            )
+            decision = policy.route(result)
+            keep, nxt = bool(decision.keep[0]), int(decision.next_model[0])
+        if keep:
+            t = int(token[0])
+            tokens.append(t)
+            written.append(current)
+            stalls = 0
+            if (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids:
+                return done("stop")
+            if len(tokens) - len(prompt_ids) >= max_tokens:
+                return done("length")
+        target = names[nxt]
+        if target == current:
+            if not keep:
+                raise RuntimeError("policy discarded a token without handing the request off")
+            continue
+        stalls += 0 if keep else 1
+        if stalls > MAX_STALLS:
+            raise RuntimeError("policy handed the request off repeatedly without a token")
+        msg = PeerMessage("reference", current, target, tokens[known.get((current, target), 0) :])
+        msg = policy.send(msg, states[current])
+        policy.receive(msg, states[target])
+        known[(current, target)] = known[(target, current)] = len(tokens)
+        handoffs += 1
+        current = target

@@ -283,6 +283,7 @@ class Worker:
             self.policy.receive(msg, seq.policy_state)
             self.scheduler.resume(seq)
         seq.peer_known[msg.source] = len(seq.token_ids)
+        seq.stalls = msg.stalls
 
     def _end_all(self, reason: str, error: str | None) -> None:
         events = []
@@ -418,7 +419,7 @@ class Worker:
                 ev.num_cached_prompt = seq.num_cached_prompt
             events.append(ev)
             known = seq.peer_known.get(name, 0)
-            msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:])
+            msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], stalls=seq.stalls)
             try:
                 msg = self.policy.send(msg, seq.policy_state)
             except Exception as e:

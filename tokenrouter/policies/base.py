@@ -70,6 +70,7 @@ class PeerMessage:
     target: str
     tokens: list[int]  # the suffix of the request's tokens the target has not seen
     fields: dict = field(default_factory=dict)  # the policy's own fields
+    stalls: int = 0  # hand-offs in a row that added no token (the engine's guard against ping-pong)
 
 
 class Policy(ABC):
