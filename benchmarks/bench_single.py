@@ -517,8 +517,10 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", type=Path, default=None, help="HF model dir or .gguf file (default: store 'smollm2')")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    p.add_argument("--num-prompts", type=int, default=32)
-    p.add_argument("--max-tokens", type=int, default=64)
+    # Defaults sized to ~15 min on 2 cores: batch-1 decode of this 135M model runs ~13 tok/s (memory bound),
+    # so the concurrency-1 runs (3 systems x 3 repeats x N x T tokens) dominate the wall time.
+    p.add_argument("--num-prompts", type=int, default=16)
+    p.add_argument("--max-tokens", type=int, default=48)
     p.add_argument("--min-prompt-tokens", type=int, default=20)
     p.add_argument("--max-prompt-tokens", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
