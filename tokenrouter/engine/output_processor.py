@@ -84,6 +84,7 @@ class OutputProcessor:
             model=ev.model if new_ids else None,
             finish_reason=self.finish_reason,  # type: ignore[arg-type]
             error=self.error,
+            output=self.output() if self.done else None,
         )
 
     def output(self) -> RequestOutput:
