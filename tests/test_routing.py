@@ -230,3 +230,23 @@ def test_mismatched_tokenizers_are_rejected(pair, tmp_path):
     with pytest.raises(ConfigError, match="different tokenizers") as e:
         anyio.run(main)
     assert "'small'" in str(e.value) and "'large'" in str(e.value)
+
+
+@pytest.mark.parametrize("mode, prefix_caching", [("standard", False), ("standard", True), ("lockstep", True)])
+def test_baseline_modes_give_the_same_tokens(pair, ref_models, tokenizer, mode, prefix_caching):
+    """The baselines differ from the routed engine in cost only, never in output."""
+    policy = RStitch(tau=TAU, small="small", large="large")
+    reqs = _workload(21, 8, len(tokenizer))
+    outs = _run(policy, _specs(pair, enable_prefix_caching=prefix_caching), reqs, mode=mode)
+    reprefilled = 0
+    for i, r in enumerate(reqs):
+        ref = reference_generate(policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        assert outs[i].token_ids == ref.token_ids
+        assert outs[i].token_models == ref.token_models
+        fed = sum(outs[i].tokens_processed.values())
+        assert fed >= sum(ref.context_at_last_step.values())
+        reprefilled += fed - sum(ref.context_at_last_step.values())
+    if mode == "standard" and not prefix_caching:
+        assert reprefilled > 0  # every hand-off re-processed the whole sequence
+    if mode == "lockstep":
+        assert reprefilled == 0

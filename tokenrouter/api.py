@@ -7,10 +7,12 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
+from typing import Literal
 
 import anyio
 
 from .config import ModelSpec, SamplingParams
+from .engine.lockstep import LockstepDriver
 from .engine.model_loader import LoadedModel, load_model
 from .engine.output_processor import OutputProcessor
 from .engine.request_channel import RequestChannel
@@ -32,7 +34,15 @@ class Engine:
 
     Each model gets a worker thread with its own scheduler and paged KV pool. `generate`,
     `stream` and `abort` may be called from any event loop (asyncio or trio) while it runs.
-    `num_threads`, if given, sets torch's intra-op thread count for the whole process.
+
+    - `policy`: the routing policy; default `Single(name)` when there is one model.
+    - `num_threads`: if given, torch's intra-op thread count, for the whole process.
+    - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
+      B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
+    - `mode`: "routed" (this engine). "standard" and "lockstep" reproduce the baselines that
+      speed is measured against: every hand-off goes back to the caller and is re-sent as a new
+      request with the whole sequence (KV freed, re-prefill), or one thread steps each model's
+      batch in turn.
     """
 
     def __init__(
@@ -43,6 +53,7 @@ class Engine:
         num_threads: int | None = None,
         delayed_batching: int | Mapping[str, int] | None = None,
         batch_wait_s: float = 0.02,
+        mode: Literal["routed", "standard", "lockstep"] = "routed",
         stop_timeout: float = 30.0,
     ):
         if not models:
@@ -72,6 +83,9 @@ class Engine:
             raise ConfigError("stop_timeout: must be > 0")
         if not (batch_wait_s >= 0):
             raise ConfigError("batch_wait_s: must be >= 0")
+        if mode not in ("routed", "standard", "lockstep"):
+            raise ConfigError(f"mode: must be 'routed', 'standard' or 'lockstep', got {mode!r}")
+        self.mode = mode
         self.batch_min = self._batch_min(delayed_batching)
         self.batch_wait_s = batch_wait_s
         self.policy = policy
@@ -121,7 +135,12 @@ class Engine:
             self._check_tokenizers()
             for name in self.specs:
                 self.workers[name] = Worker(
-                    self.loaded[name], self._dispatch, self.policy, self.batch_min[name], self.batch_wait_s
+                    self.loaded[name],
+                    self._dispatch,
+                    self.policy,
+                    self.batch_min[name],
+                    self.batch_wait_s,
+                    keep_kv_on_handoff=self.mode != "standard",
                 )
             for worker in self.workers.values():
                 worker.connect(self.workers)
@@ -129,8 +148,11 @@ class Engine:
             self.loaded.clear()
             self.workers.clear()
             raise
-        for worker in self.workers.values():
-            worker.start()
+        if self.mode == "lockstep":
+            LockstepDriver(list(self.workers.values())).start()
+        else:
+            for worker in self.workers.values():
+                worker.start()
         self._running = True
 
     def _check_tokenizers(self) -> None:
@@ -213,6 +235,8 @@ class Engine:
             while not proc.worker_done:
                 for ev in await channel.get():
                     delta = proc.process(ev)
+                    if ev.resubmit is not None:  # standard-serving baseline: the client re-sends
+                        self._resubmit(ev.resubmit, req, proc)
                     if delta is not None:
                         yield delta, proc
                 if proc.done and not proc.worker_done and not aborted:
@@ -223,6 +247,11 @@ class Engine:
                 self._abort_everywhere(req)
             self._channels.pop(req.request_id, None)
             self._requests.pop(req.request_id, None)
+
+    def _resubmit(self, msg, req: Request, proc: OutputProcessor) -> None:
+        """Send a handed-off request to its next model as a new request with the whole sequence."""
+        if req.aborted or proc.done or not self.workers[msg.target].hand_off(msg, req):
+            proc.process(WorkerEvent(req.request_id, [], msg.source, finish_reason="abort"))
 
     def _abort_everywhere(self, req: Request) -> None:
         req.aborted = True  # a hand-off still in transit ends when it arrives

@@ -79,6 +79,7 @@ class ModelSpec(BaseModel):
     max_num_seqs: int = Field(64, ge=1, le=4096, description="Most requests in one batch.")
     max_num_batched_tokens: int = Field(512, ge=1, description="Token budget of one step (chunked prefill).")
     max_model_len: int | None = Field(None, ge=2, description="Context limit; default from the model config.")
+    enable_prefix_caching: bool = Field(True, description="Share KV blocks of common prefixes between requests.")
 
     @field_validator("path", "tokenizer")
     @classmethod

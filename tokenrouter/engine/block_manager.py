@@ -15,9 +15,10 @@ from .sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    def __init__(self, num_blocks: int, block_size: int, prefix_caching: bool = True):
         if num_blocks < 1:
             raise ValueError("num_blocks must be >= 1")
+        self.prefix_caching = prefix_caching
         self.num_blocks = num_blocks
         self.block_size = block_size
         self.ref_counts = [0] * num_blocks
@@ -63,6 +64,8 @@ class BlockManager:
         computed, so its logits exist and no shared block is ever written.
         """
         assert not seq.block_table and seq.num_computed == 0
+        if not self.prefix_caching:
+            return
         tokens = seq.token_ids
         bs = self.block_size
         h = 0
@@ -93,6 +96,8 @@ class BlockManager:
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """Publish the sequence's newly completed full blocks to the prefix cache."""
+        if not self.prefix_caching:
+            return
         bs = self.block_size
         tokens = seq.token_ids
         n_full = seq.num_computed // bs

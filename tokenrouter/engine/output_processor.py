@@ -39,7 +39,7 @@ class OutputProcessor:
         if ev.finish_reason is not None:
             self.worker_done = True
         if ev.num_fed:
-            self.tokens_processed[ev.model] = ev.num_fed
+            self.tokens_processed[ev.model] = self.tokens_processed.get(ev.model, 0) + ev.num_fed
         if ev.handoff_to is not None and not self.done:
             self.num_handoffs += 1
         if self.done:  # e.g. tokens that raced with the abort sent after a stop string

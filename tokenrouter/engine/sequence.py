@@ -51,7 +51,7 @@ class Sequence:
     num_cached_prompt: int = 0  # prompt tokens found in the prefix cache at first admission
     num_hashed_blocks: int = 0  # leading full blocks already registered in the prefix cache
     num_preemptions: int = 0
-    num_fed: int = 0  # tokens this worker has put through its forward for this request
+    num_fed: int = 0  # tokens put through this worker's forward for the request, not yet reported
     peer_known: dict[str, int] = field(default_factory=dict)  # tokens each peer already knows
     policy_state: dict = field(default_factory=dict)  # the policy's own per-request fields
     stalls: int = 0  # hand-offs in a row that added no token (guards against ping-pong)

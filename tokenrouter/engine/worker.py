@@ -45,7 +45,8 @@ class WorkerEvent:
     finish_reason: str | None = None
     error: str | None = None
     handoff_to: str | None = None
-    num_fed: int = 0  # tokens this worker has processed for the request so far
+    resubmit: PeerMessage | None = None  # standard-serving baseline: the caller sends this on
+    num_fed: int = 0  # tokens this worker processed for the request since its previous event
     num_cached_prompt: int = 0
 
 
@@ -86,6 +87,7 @@ class Worker:
         policy: Policy,
         batch_min: int = 1,
         batch_wait_s: float = 0.0,
+        keep_kv_on_handoff: bool = True,
     ):
         spec = loaded.spec
         self.name = loaded.name
@@ -96,6 +98,9 @@ class Worker:
         self.model_index = policy.models.index(self.name) if self.name in policy.models else -1
         self.batch_min = max(1, min(batch_min, spec.max_num_seqs))
         self.batch_wait_s = batch_wait_s
+        # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
+        # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
+        self.keep_kv_on_handoff = keep_kv_on_handoff
         self.peers: dict[str, Worker] = {}
         layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
         tokens = spec.kv_cache_tokens
@@ -108,7 +113,7 @@ class Worker:
                 f"({spec.block_size * layout.bytes_per_token} bytes)"
             )
         self.cache = KVCache(layout, num_blocks, spec.block_size, loaded.device)
-        self.blocks = BlockManager(num_blocks, spec.block_size)
+        self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
         self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size)
         self.sampler = Sampler()
@@ -227,13 +232,20 @@ class Worker:
                     hold_since = None
                     self._step()
         except BaseException as e:  # the loop itself broke: fail everything, report, and die
-            self.error = f"worker {self.name!r} died: {type(e).__name__}: {e}"
-            log.error("%s\n%s", self.error, traceback.format_exc())
+            self.fail(e)
         finally:
-            with self._inbox_lock:
-                self._closed = True
-            self._drain_inbox()  # whatever arrived before the door closed
-            self._end_all("abort" if self.error is None else "error", self.error)
+            self.shut_down()
+
+    def fail(self, e: BaseException) -> None:
+        self.error = f"worker {self.name!r} died: {type(e).__name__}: {e}"
+        log.error("%s\n%s", self.error, traceback.format_exc())
+
+    def shut_down(self) -> None:
+        """Refuse further posts, then end whatever is still here (called once, by the stepping thread)."""
+        with self._inbox_lock:
+            self._closed = True
+        self._drain_inbox()  # whatever arrived before the door closed
+        self._end_all("abort" if self.error is None else "error", self.error)
 
     def _drain_inbox(self) -> None:
         events: list[WorkerEvent] = []
@@ -311,7 +323,8 @@ class Worker:
         events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))
 
     def _event(self, seq: Sequence, tokens: list[int] | None = None, **kw) -> WorkerEvent:
-        return WorkerEvent(seq.request_id, tokens or [], self.name, num_fed=seq.num_fed, **kw)
+        fed, seq.num_fed = seq.num_fed, 0
+        return WorkerEvent(seq.request_id, tokens or [], self.name, num_fed=fed, **kw)
 
     def _step(self) -> None:
         t_start = time.perf_counter()
@@ -418,16 +431,20 @@ class Worker:
             if kept and first:
                 ev.num_cached_prompt = seq.num_cached_prompt
             events.append(ev)
-            known = seq.peer_known.get(name, 0)
+            known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
             msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], stalls=seq.stalls)
             try:
                 msg = self.policy.send(msg, seq.policy_state)
             except Exception as e:
                 self._end(seq, events, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
                 continue
+            self.handoffs_sent += 1
+            if not self.keep_kv_on_handoff:
+                self._release(seq)
+                ev.resubmit = msg
+                continue
             seq.peer_known[name] = len(seq.token_ids)
             self.scheduler.park(seq)
-            self.handoffs_sent += 1
             outgoing.append((self.peers[name], msg, seq.req))
 
     def _route(self, seqs: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor) -> tuple[list, list]:
