@@ -36,7 +36,8 @@ class Engine:
     `stream` and `abort` may be called from any event loop (asyncio or trio) while it runs.
 
     - `policy`: the routing policy; default `Single(name)` when there is one model.
-    - `num_threads`: if given, torch's intra-op thread count, for the whole process.
+    - `num_threads`: if given, torch's intra-op thread count of each worker thread (the caller's
+      own thread is left alone).
     - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
       B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
     - `mode`: "routed" (this engine). "standard" and "lockstep" reproduce the baselines that
@@ -125,10 +126,6 @@ class Engine:
         """Load every model (one at a time, to bound peak memory) and start the workers."""
         if self._running:
             raise EngineNotRunningError("the engine is already running")
-        if self.num_threads is not None:
-            import torch
-
-            torch.set_num_threads(self.num_threads)
         try:
             for name, spec in self.specs.items():
                 self.loaded[name] = await anyio.to_thread.run_sync(load_model, name, spec)
@@ -141,6 +138,7 @@ class Engine:
                     self.batch_min[name],
                     self.batch_wait_s,
                     keep_kv_on_handoff=self.mode != "standard",
+                    num_threads=self.num_threads,
                 )
             for worker in self.workers.values():
                 worker.connect(self.workers)

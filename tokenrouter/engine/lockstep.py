@@ -31,6 +31,9 @@ class LockstepDriver:
 
     def _run(self) -> None:
         current: Worker | None = None
+        threads = [w.num_threads for w in self.workers if w.num_threads is not None]
+        if threads:
+            torch.set_num_threads(max(threads))
         try:
             with torch.inference_mode():
                 while True:

@@ -88,6 +88,7 @@ class Worker:
         batch_min: int = 1,
         batch_wait_s: float = 0.0,
         keep_kv_on_handoff: bool = True,
+        num_threads: int | None = None,
     ):
         spec = loaded.spec
         self.name = loaded.name
@@ -101,6 +102,7 @@ class Worker:
         # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
         self.keep_kv_on_handoff = keep_kv_on_handoff
+        self.num_threads = num_threads  # torch intra-op threads of this worker's thread
         self.peers: dict[str, Worker] = {}
         layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
         tokens = spec.kv_cache_tokens
@@ -207,6 +209,8 @@ class Worker:
     # ---- the worker thread ---------------------------------------------------------------
     def _run(self) -> None:
         hold_since: float | None = None
+        if self.num_threads is not None:
+            torch.set_num_threads(self.num_threads)
         try:
             with torch.inference_mode():
                 while True:
