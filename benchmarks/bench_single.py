@@ -50,7 +50,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import torch  # noqa: E402
+import torch
 
 NUM_THREADS = 2
 torch.set_num_threads(NUM_THREADS)
@@ -68,13 +68,71 @@ _INSTRUCTIONS = [
     "Write a poem that mentions {a}, {b} and the sea.",
     "Describe a day in the life of someone who studies {a}.",
 ]
-_WORDS = (
-    "river mountain engine garden library coffee window planet signal market winter orange theory "
-    "bridge forest music number kitchen ocean silver travel camera history language pencil harbor "
-    "storm network sunlight school bicycle castle memory paper energy island doctor village science "
-    "morning dragon letter season battery cloud desert violin museum recipe rocket shadow teacher "
-    "garden puzzle lantern canyon festival compass meadow circuit glacier orchard telescope"
-).split()
+_WORDS = [
+    "river",
+    "mountain",
+    "engine",
+    "garden",
+    "library",
+    "coffee",
+    "window",
+    "planet",
+    "signal",
+    "market",
+    "winter",
+    "orange",
+    "theory",
+    "bridge",
+    "forest",
+    "music",
+    "number",
+    "kitchen",
+    "ocean",
+    "silver",
+    "travel",
+    "camera",
+    "history",
+    "language",
+    "pencil",
+    "harbor",
+    "storm",
+    "network",
+    "sunlight",
+    "school",
+    "bicycle",
+    "castle",
+    "memory",
+    "paper",
+    "energy",
+    "island",
+    "doctor",
+    "village",
+    "science",
+    "morning",
+    "dragon",
+    "letter",
+    "season",
+    "battery",
+    "cloud",
+    "desert",
+    "violin",
+    "museum",
+    "recipe",
+    "rocket",
+    "shadow",
+    "teacher",
+    "garden",
+    "puzzle",
+    "lantern",
+    "canyon",
+    "festival",
+    "compass",
+    "meadow",
+    "circuit",
+    "glacier",
+    "orchard",
+    "telescope",
+]
 
 
 # ---- prompts ---------------------------------------------------------------------------------
@@ -170,7 +228,7 @@ class CpuMeter:
         idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
         return (sum(vals[:8]) - idle) / cls._TICK
 
-    def __enter__(self) -> CpuMeter:
+    def __enter__(self):
         self.t0, self.b0 = time.perf_counter(), self._busy_s()
         t = os.times()
         self.c0 = t.user + t.system
@@ -249,40 +307,35 @@ async def engine_run(engine, prompts, concurrency: int, max_tokens: int) -> RunR
     return RunResult(wall, lat, toks, extra)
 
 
-async def bench_engine(args, model_path, prompts, warm_prompts, profile_dir: Path | None) -> dict:
-    """A fresh Engine for every measured run: its prefix cache must not keep earlier runs' prompts."""
-    from tokenrouter import Engine, ModelSpec
+def engine_spec(args, model_path: Path):
+    from tokenrouter import ModelSpec
 
-    spec = ModelSpec(
+    return ModelSpec(
         path=model_path,
         dtype="float32",
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=max(args.max_num_seqs, max(args.concurrency)),
     )
-    out: dict = {}
-    for c in args.concurrency:
-        runs = []
-        for r in range(args.repeats):
-            t = time.perf_counter()
-            async with Engine(models={"m": spec}, num_threads=NUM_THREADS) as engine:
-                if c == args.concurrency[0] and r == 0:
-                    st = engine.stats()["m"]
-                    log(f"engine: loaded in {time.perf_counter() - t:.1f} s; KV pool {st.kv_blocks_total} blocks "
-                        f"of {st.kv_block_size} tokens")  # fmt: skip
-                await engine_run(engine, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
-                prof = _start_profile(profile_dir, f"engine_c{c}") if (profile_dir and r == 0) else None
-                with CpuMeter() as cpu:
-                    res = await engine_run(engine, prompts, c, args.max_tokens)
-                cpu.into(res)
-                if prof is not None:
-                    prof.stop()
-            check_lengths("engine", res, args.max_tokens)
-            runs.append(res)
-            log(f"engine c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s, overhead {res.extra['overhead_frac']:.1%}"
-                f"{_load(res)}")  # fmt: skip
-        out[c] = runs
-    return out
+
+
+async def engine_measure(args, spec, prompts, warm_prompts, c: int, profile: str | None) -> RunResult:
+    """One measured run on a fresh Engine: its prefix cache must not hold earlier runs' prompts."""
+    from tokenrouter import Engine
+
+    t = time.perf_counter()
+    async with Engine(models={"m": spec}, num_threads=NUM_THREADS) as engine:
+        load_s = time.perf_counter() - t
+        await engine_run(engine, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
+        prof = _start_profile(args.profile, profile) if (args.profile and profile) else None
+        with CpuMeter() as cpu:
+            res = await engine_run(engine, prompts, c, args.max_tokens)
+        cpu.into(res)
+        if prof is not None:
+            prof.stop()
+        st = engine.stats()["m"]
+        res.extra.update(load_s=load_s, kv_blocks_total=st.kv_blocks_total, kv_block_size=st.kv_block_size)
+    return res
 
 
 # ---- (b) HF generate, static batches -------------------------------------------------------------
@@ -340,20 +393,11 @@ def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens: i
     return RunResult(time.perf_counter() - t0, lat, toks)
 
 
-def bench_hf_generate(args, model, pad_id, prompts, warm_prompts) -> dict:
-    out = {}
-    for c in args.concurrency:
-        hf_generate_run(model, pad_id, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)  # warm-up
-        runs = []
-        for r in range(args.repeats):
-            with CpuMeter() as cpu:
-                res = hf_generate_run(model, pad_id, prompts, c, args.max_tokens)
-            cpu.into(res)
-            check_lengths("hf_generate", res, args.max_tokens)
-            runs.append(res)
-            log(f"hf_generate c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{_load(res)}")
-        out[c] = runs
-    return out
+def hf_generate_measure(args, model, pad_id, prompts, warm_prompts, c: int) -> RunResult:
+    hf_generate_run(model, pad_id, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)  # warm-up
+    with CpuMeter() as cpu:
+        res = hf_generate_run(model, pad_id, prompts, c, args.max_tokens)
+    return cpu.into(res)
 
 
 # ---- (c) transformers continuous batching --------------------------------------------------------
@@ -427,37 +471,28 @@ def hf_cb_generate_batch_run(model, args, prompts, concurrency: int, max_tokens:
     return RunResult(wall, lat, [list(o.generated_tokens) for o in rows], {"note": "all submitted at t=0"})
 
 
-def bench_hf_cb(args, model, prompts, warm_prompts) -> dict:
-    """A fresh manager (and paged cache) for every measured run, as for the engine."""
-    out = {}
-    for c in args.concurrency:
-        runs = []
-        for r in range(args.repeats):
-            if args.hf_cb_api == "generate_batch":
-                hf_cb_generate_batch_run(model, args, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
-                with CpuMeter() as cpu:
-                    res = hf_cb_generate_batch_run(model, args, prompts, c, args.max_tokens)
-                cpu.into(res)
-            else:
-                gen, cb = _cb_configs(args, max(args.max_num_seqs, max(args.concurrency)))
-                manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-                manager.start()
-                try:
-                    hf_cb_closed_run(manager, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens, "warm")
-                    with CpuMeter() as cpu:
-                        res = hf_cb_closed_run(manager, prompts, c, args.max_tokens, "run")
-                    cpu.into(res)
-                    cache = manager.batch_processor.cache
-                    res.extra["hf_cache_num_blocks"] = cache.num_blocks
-                    res.extra["hf_cache_max_batch_tokens"] = cache.max_batch_tokens
-                finally:
-                    manager.stop(block=True, timeout=30)
-                    manager.destroy()
-            check_lengths("hf_cb", res, args.max_tokens)
-            runs.append(res)
-            log(f"hf_cb c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{_load(res)}")
-        out[c] = runs
-    return out
+def hf_cb_measure(args, model, prompts, warm_prompts, c: int) -> RunResult:
+    """One measured run on a fresh manager (and so an empty paged cache), as for the engine."""
+    if args.hf_cb_api == "generate_batch":
+        hf_cb_generate_batch_run(model, args, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
+        with CpuMeter() as cpu:
+            res = hf_cb_generate_batch_run(model, args, prompts, c, args.max_tokens)
+        return cpu.into(res)
+    gen, cb = _cb_configs(args, max(args.max_num_seqs, max(args.concurrency)))
+    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
+    manager.start()
+    try:
+        hf_cb_closed_run(manager, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens, "warm")
+        with CpuMeter() as cpu:
+            res = hf_cb_closed_run(manager, prompts, c, args.max_tokens, "run")
+        cpu.into(res)
+        cache = manager.batch_processor.cache
+        res.extra["hf_cache_num_blocks"] = cache.num_blocks
+        res.extra["hf_cache_max_batch_tokens"] = cache.max_batch_tokens
+    finally:
+        manager.stop(block=True, timeout=30)
+        manager.destroy()
+    return res
 
 
 # ---- profiling (py-spy on this process, optional) -------------------------------------------------
@@ -467,11 +502,12 @@ class _PySpy:
 
     def stop(self):
         import signal
+        import subprocess
 
         self.proc.send_signal(signal.SIGINT)
         try:
             self.proc.wait(timeout=60)
-        except Exception:
+        except subprocess.TimeoutExpired:
             self.proc.kill()
         log(f"py-spy profile written to {self.path}")
 
@@ -514,7 +550,9 @@ def agreement(ref: list[list[int]], other: list[list[int]]) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--model", type=Path, default=None, help="HF model dir or .gguf file (default: store 'smollm2')")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     # Defaults sized to ~15 min on 2 cores: batch-1 decode of this 135M model runs ~13 tok/s (memory bound),
@@ -560,7 +598,10 @@ def main(argv: list[str] | None = None) -> int:
     tok = load_tokenizer(model_path)
     prompts = build_prompts(tok, args.num_prompts, args.min_prompt_tokens, args.max_prompt_tokens, args.seed)
     warm_prompts = build_prompts(
-        tok, max(args.warmup_prompts, max(args.concurrency)), args.min_prompt_tokens, args.max_prompt_tokens,
+        tok,
+        max(args.warmup_prompts, max(args.concurrency)),
+        args.min_prompt_tokens,
+        args.max_prompt_tokens,
         args.seed + 7919,
     )  # distinct from the measured prompts, so no prefix cache ever holds a measured prompt
     plens = [len(x) for x in prompts]
@@ -568,29 +609,30 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.max_tokens} new tokens each")  # fmt: skip
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
-    results: dict[str, dict] = {}
-    timings: dict[str, float] = {}
-    if "engine" in args.systems:
-        t = time.perf_counter()
-        results["engine"] = asyncio.run(bench_engine(args, model_path, prompts, warm_prompts, args.profile))
-        timings["engine"] = time.perf_counter() - t
-
-    need_hf = "hf_generate" in args.systems or "hf_cb" in args.systems or (
-        "engine" in args.systems and 1 not in args.concurrency
-    )
-    model = None
-    if need_hf:
-        t = time.perf_counter()
-        model = load_hf(model_path)
-        log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
-    if "hf_generate" in args.systems:
-        t = time.perf_counter()
-        results["hf_generate"] = bench_hf_generate(args, model, pad_id, prompts, warm_prompts)
-        timings["hf_generate"] = time.perf_counter() - t
-    if "hf_cb" in args.systems:
-        t = time.perf_counter()
-        results["hf_cb"] = bench_hf_cb(args, model, prompts, warm_prompts)
-        timings["hf_cb"] = time.perf_counter() - t
+    results: dict[str, dict] = {name: {} for name in SYSTEMS if name in args.systems}
+    timings: dict[str, float] = dict.fromkeys(results, 0.0)
+    t = time.perf_counter()
+    model = load_hf(model_path)  # for hf_generate, hf_cb and the batch-1 token check
+    log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
+    spec = engine_spec(args, model_path) if "engine" in args.systems else None
+    # Interleaved: for each concurrency and repeat, every system runs once, so a burst of load from
+    # other processes hits one repeat of every system rather than every repeat of one system.
+    for c in args.concurrency:
+        for r in range(args.repeats):
+            for name in list(results):
+                t = time.perf_counter()
+                if name == "engine":
+                    prof = f"engine_c{c}" if r == 0 else None
+                    res = asyncio.run(engine_measure(args, spec, prompts, warm_prompts, c, prof))
+                    note = f", overhead {res.extra['overhead_frac']:.1%}"
+                elif name == "hf_generate":
+                    res, note = hf_generate_measure(args, model, pad_id, prompts, warm_prompts, c), ""
+                else:
+                    res, note = hf_cb_measure(args, model, prompts, warm_prompts, c), ""
+                timings[name] += time.perf_counter() - t
+                check_lengths(name, res, args.max_tokens)
+                results[name].setdefault(c, []).append(res)
+                log(f"{name} c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{note}{_load(res)}")
 
     # ---- correctness: engine greedy tokens vs HF generate at batch 1 --------------------------
     checks: dict = {}
@@ -598,7 +640,7 @@ def main(argv: list[str] | None = None) -> int:
     ref_b1 = None
     if "hf_generate" in results and 1 in results["hf_generate"]:
         ref_b1 = results["hf_generate"][1][0].tokens
-    elif model is not None:
+    elif "engine" in results:
         ref_b1 = hf_generate_run(model, pad_id, prompts[:2], 1, args.max_tokens).tokens
     if ref_b1 is not None:
         for name, res in results.items():

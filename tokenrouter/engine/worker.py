@@ -328,7 +328,9 @@ class Worker:
 
     def _event(self, seq: Sequence, tokens: list[int] | None = None, **kw) -> WorkerEvent:
         fed, seq.num_fed = seq.num_fed, 0
-        return WorkerEvent(seq.request_id, tokens or [], self.name, num_fed=fed, **kw)
+        return WorkerEvent(
+            seq.request_id, tokens or [], self.name, num_fed=fed, num_cached_prompt=seq.num_cached_prompt, **kw
+        )
 
     def _step(self) -> None:
         t_start = time.perf_counter()
@@ -396,60 +398,49 @@ class Worker:
                 return
         else:
             keep, next_model = None, None
-        eos = self.loaded.eos_token_ids
         for i, seq in enumerate(seqs):
-            token = tokens[i]
             kept = keep is None or keep[i]
-            new = [token] if kept else []
-            if kept:
-                first = seq.num_generated == 0
-                seq.token_ids.append(token)
-                seq.stalls = 0
-                req = seq.req
-                reason = None
-                if (token in eos and not req.params.ignore_eos) or token in req.stop_token_ids:
-                    reason = "stop"
-                elif seq.num_generated >= req.max_tokens:
-                    reason = "length"
-                if reason is not None:
-                    self._end(seq, events, reason, tokens=new)
-                    continue
-            target = next_model[i] if next_model is not None else self.model_index
-            if target == self.model_index:
-                if not kept:
-                    self._end(seq, events, "error", "policy discarded a token without handing the request off")
-                    continue
-                ev = self._event(seq, new)
-                if kept and first:
-                    ev.num_cached_prompt = seq.num_cached_prompt
-                events.append(ev)
-                continue
-            # Hand off: park here with blocks kept, send the peer the suffix it has not seen.
+            target = self.model_index if next_model is None else next_model[i]
+            self._apply(seq, tokens[i], kept, target, events, outgoing)
+
+    def _apply(self, seq: Sequence, token: int, kept: bool, target: int, events: list, outgoing: list) -> None:
+        """One request's outcome of a step: append the token (if kept), finish, stay, or hand off."""
+        new = [token] if kept else []
+        if kept:
+            seq.token_ids.append(token)
+            seq.stalls = 0
+            req = seq.req
+            if (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids:
+                return self._end(seq, events, "stop", tokens=new)
+            if seq.num_generated >= req.max_tokens:
+                return self._end(seq, events, "length", tokens=new)
+        if target == self.model_index:
             if not kept:
-                seq.stalls += 1
-                if seq.stalls > MAX_STALLS:
-                    self._end(seq, events, "error", f"policy handed the request off {seq.stalls} times without a token")
-                    continue
-            name = self.policy.models[target]
-            ev = self._event(seq, new, handoff_to=name)
-            if kept and first:
-                ev.num_cached_prompt = seq.num_cached_prompt
-            events.append(ev)
-            known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
-            msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], stalls=seq.stalls)
-            try:
-                msg = self.policy.send(msg, seq.policy_state)
-            except Exception as e:
-                self._end(seq, events, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
-                continue
-            self.handoffs_sent += 1
-            if not self.keep_kv_on_handoff:
-                self._release(seq)
-                ev.resubmit = msg
-                continue
-            seq.peer_known[name] = len(seq.token_ids)
-            self.scheduler.park(seq)
-            outgoing.append((self.peers[name], msg, seq.req))
+                return self._end(seq, events, "error", "policy discarded a token without handing the request off")
+            events.append(self._event(seq, new))
+            return
+        # Hand off: park here with blocks kept, send the peer the suffix it has not seen.
+        if not kept:
+            seq.stalls += 1
+            if seq.stalls > MAX_STALLS:
+                return self._end(seq, events, "error", f"policy handed the request off {seq.stalls} times without a token")
+        name = self.policy.models[target]
+        ev = self._event(seq, new, handoff_to=name)
+        events.append(ev)
+        known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
+        msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], stalls=seq.stalls)
+        try:
+            msg = self.policy.send(msg, seq.policy_state)
+        except Exception as e:
+            return self._end(seq, events, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
+        self.handoffs_sent += 1
+        if not self.keep_kv_on_handoff:  # standard-serving baseline: free KV, the caller re-sends
+            self._release(seq)
+            ev.resubmit = msg
+            return
+        seq.peer_known[name] = len(seq.token_ids)
+        self.scheduler.park(seq)
+        outgoing.append((self.peers[name], msg, seq.req))
 
     def _route(self, seqs: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor) -> tuple[list, list]:
         result = StepResult(
