@@ -92,7 +92,8 @@ def model_paths(args) -> dict[str, str]:
     return {"small": str(ensure_model("qwen-coder-0.5b")), "large": str(ensure_model("qwen-coder-1.5b"))}
 
 
-async def run_level(args, paths, system: str, concurrency: int, prompts, max_tokens: int, fresh: bool = True):
+async def run_level(args, paths, system: str, concurrency: int, prompts, warm_prompt, max_tokens: int):
+    """One measured run on a fresh engine (its prefix cache holds nothing of earlier runs)."""
     cfg = SYSTEMS[system]
     specs = {
         name: ModelSpec(path=path, kv_cache_tokens=args.kv_cache_tokens, enable_prefix_caching=cfg["prefix_caching"])
@@ -100,7 +101,9 @@ async def run_level(args, paths, system: str, concurrency: int, prompts, max_tok
     }
     policy = RStitch(tau=args.tau, small="small", large="large")
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
-    async with Engine(models=specs, policy=policy, mode=cfg["mode"], num_threads=args.threads) as engine:
+    threads = args.threads_lockstep if cfg["mode"] == "lockstep" else args.threads
+    async with Engine(models=specs, policy=policy, mode=cfg["mode"], num_threads=threads) as engine:
+        await engine.generate(warm_prompt, SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
         limit = anyio.Semaphore(concurrency)
         outs = [None] * len(prompts)
 
@@ -140,17 +143,17 @@ async def main(args) -> None:
     tasks = TASKS * (1 + max(args.concurrency) * args.requests_per_slot // len(TASKS))
     results: dict = {"command": shlex.join([sys.executable, *sys.argv]), "args": vars(args), "models": paths, "runs": {}}
     print(f"# {results['command']}")
-    print(f"models: {paths}; torch threads per worker: {args.threads}; tau={args.tau}")
+    print(f"models: {paths}; torch threads per worker: {args.threads} (lockstep: {args.threads_lockstep}); tau={args.tau}")
     reference: dict[int, list] = {}
+    def encode(text):
+        return tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False)
+
+    warm_prompt = encode("Hello! Who are you?")
     for c in args.concurrency:
         n_req = max(args.min_requests, c * args.requests_per_slot)
-        prompts = [
-            tok.apply_chat_template([{"role": "user", "content": t}], add_generation_prompt=True, tokenize=True, return_dict=False)
-            for t in tasks[:n_req]
-        ]
+        prompts = [encode(t) for t in tasks[:n_req]]
         for system in args.systems:
-            await run_level(args, paths, system, c, prompts[: max(1, c)], 4)  # warm-up
-            runs = [await run_level(args, paths, system, c, prompts, args.max_tokens) for _ in range(args.repeats)]
+            runs = [await run_level(args, paths, system, c, prompts, warm_prompt, args.max_tokens) for _ in range(args.repeats)]
             outputs = runs[0].pop("outputs")
             for r in runs[1:]:
                 r.pop("outputs")
@@ -185,16 +188,18 @@ if __name__ == "__main__":
     p.add_argument("--tau", type=float, default=0.03)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
-    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=24)
     p.add_argument("--requests-per-slot", type=int, default=1, help="requests per level = max(min, C * this)")
-    p.add_argument("--min-requests", type=int, default=4)
+    p.add_argument("--min-requests", type=int, default=2)
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=2, help="torch threads per worker thread")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads per worker thread (routed, standard: two workers step at once)")
+    p.add_argument("--threads-lockstep", type=int, default=2, help="torch threads of lockstep's one stepping thread")
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
     p.add_argument("--json")
     p.add_argument("--quick", action="store_true", help="tiny random pair (tau 0.2), for a smoke test")
     a = p.parse_args()
     if a.quick:
         a.tau = 0.2 if a.tau == 0.03 else a.tau
-    torch.set_num_threads(a.threads)
+    torch.set_num_threads(1)  # the main thread runs no torch op; workers set their own threads
     anyio.run(main, a)

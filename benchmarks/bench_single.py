@@ -18,17 +18,30 @@ deterministically from --seed), greedily, each producing exactly --max-tokens to
 
 Each measured run goes over all prompts and follows a short warm-up (--warmup-prompts requests of
 --warmup-tokens tokens, on prompts of their own). The engine and hf_cb get a fresh instance (and so an
-empty KV cache) for every measured run: the engine's prefix cache would otherwise serve the prompts of
-earlier runs and skip their prefill. The table shows the median over --repeats runs. Metrics: output tokens/s (all
-generated tokens / wall time), request latency p50/p99 (from submission to the last token, as seen
-by the client), and for the engine the fraction of worker step time spent outside the model
-forward, 1 - time_forward_s / time_step_s (worker stats deltas over the measured run).
+empty KV cache) for every measured run: the engine's prefix cache would otherwise serve the prompts
+of earlier runs and skip their prefill. Runs are interleaved (for each concurrency and repeat, every
+system once), so a burst of load from other processes hits one repeat of each system rather than all
+repeats of one. The table shows the median over --repeats runs of:
+
+  tok/s             all generated tokens / wall time of the run
+  p50/p99 latency   per request, from submission to its last token, as the client sees it
+  vs static         tok/s relative to hf_generate at the same concurrency
+  engine overhead   1 - time_forward_s / time_step_s: the worker's step time outside the model
+                    forward (worker stats deltas over the measured run)
+  CPU cores         CPU time / wall time of this process, and of every other process on the
+                    machine (from /proc/stat). "others" > 0 means the numbers are distorted.
+                    "this process" well under --threads for a compute-bound run means idle cores:
+                    with torch's GNU OpenMP, a worker thread whose OpenMP team coexists with another
+                    live thread's team (e.g. the event loop thread that allocated the KV cache)
+                    stops spinning between ops (libgomp throttles when its threads outnumber the
+                    CPUs), which shows up here as ~1.6 of 2 cores.
 
 Usage:
     python benchmarks/bench_single.py                          # default run (~15 min on 2 cores)
     python benchmarks/bench_single.py --quick                  # ~2 min smoke run
     python benchmarks/bench_single.py --concurrency 1 16 --json out.json
-    python benchmarks/bench_single.py --model /path/to/model.gguf
+    python benchmarks/bench_single.py --model /path/to/model.gguf      # slow: a GGUF loads in ~25 s per run
+    python benchmarks/bench_single.py --profile /tmp/prof              # py-spy the first engine run per C
 """
 
 from __future__ import annotations
@@ -53,7 +66,31 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 import torch
 
 NUM_THREADS = 2
-torch.set_num_threads(NUM_THREADS)
+# The main thread stays at one torch thread and runs no multi-threaded op: with GNU OpenMP, a second
+# live OpenMP team makes libgomp stop spinning and slows every op ~25%. Each system steps in a thread
+# of its own that sets NUM_THREADS itself (the engine's workers; `in_fresh_thread` for the HF systems).
+torch.set_num_threads(1)
+
+
+def in_fresh_thread(fn, *args):
+    """Run fn in a new thread with NUM_THREADS torch threads, and join it (its OpenMP team dies with it)."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        torch.set_num_threads(NUM_THREADS)
+        try:
+            box["result"] = fn(*args)
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    th = threading.Thread(target=target)
+    th.start()
+    th.join()
+    if "error" in box:
+        raise box["error"]
+    return box["result"]
 
 SYSTEMS = ("engine", "hf_generate", "hf_cb")
 
@@ -201,11 +238,11 @@ def percentile(xs: list[float], p: float) -> float:
     return s[f] + (s[c] - s[f]) * (k - f)
 
 
-def check_lengths(name: str, res: RunResult, max_tokens: int) -> None:
-    bad = [i for i, t in enumerate(res.tokens) if len(t) != max_tokens]
+def check_lengths(name: str, res: RunResult, lengths: list[int]) -> None:
+    bad = [i for i, t in enumerate(res.tokens) if len(t) != lengths[i]]
     if bad:
         raise RuntimeError(
-            f"{name}: {len(bad)} request(s) did not produce exactly {max_tokens} tokens "
+            f"{name}: {len(bad)} request(s) did not produce their {lengths[bad[0]]} tokens "
             f"(e.g. prompt {bad[0]}: {len(res.tokens[bad[0]])})"
         )
 
@@ -258,10 +295,15 @@ def _load(res: RunResult) -> str:
 
 
 # ---- (a) the engine ----------------------------------------------------------------------------
-async def engine_run(engine, prompts, concurrency: int, max_tokens: int) -> RunResult:
+def per_request(max_tokens, n: int) -> list[int]:
+    """Output length of each request: one int for all, or a list (mixed lengths)."""
+    return [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
+
+
+async def engine_run(engine, prompts, concurrency: int, max_tokens) -> RunResult:
     from tokenrouter import SamplingParams
 
-    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    lengths = per_request(max_tokens, len(prompts))
     sem = asyncio.Semaphore(concurrency)  # FIFO: requests start in prompt order
     n = len(prompts)
     lat = [0.0] * n
@@ -273,6 +315,7 @@ async def engine_run(engine, prompts, concurrency: int, max_tokens: int) -> RunR
     async def one(i: int) -> None:
         async with sem:
             t0 = time.perf_counter()
+            params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
             out = await engine.generate(prompts[i], params)
             lat[i] = time.perf_counter() - t0
         if out.finish_reason == "error":
@@ -319,7 +362,7 @@ def engine_spec(args, model_path: Path):
     )
 
 
-async def engine_measure(args, spec, prompts, warm_prompts, c: int, profile: str | None) -> RunResult:
+async def engine_measure(args, spec, prompts, lengths, warm_prompts, c: int, profile: str | None) -> RunResult:
     """One measured run on a fresh Engine: its prefix cache must not hold earlier runs' prompts."""
     from tokenrouter import Engine
 
@@ -329,7 +372,7 @@ async def engine_measure(args, spec, prompts, warm_prompts, c: int, profile: str
         await engine_run(engine, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
         prof = _start_profile(args.profile, profile) if (args.profile and profile) else None
         with CpuMeter() as cpu:
-            res = await engine_run(engine, prompts, c, args.max_tokens)
+            res = await engine_run(engine, prompts, c, lengths)
         cpu.into(res)
         if prof is not None:
             prof.stop()
@@ -360,17 +403,11 @@ def load_tokenizer(model_path: Path):
     return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
 
 
-def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens: int) -> RunResult:
+def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens) -> RunResult:
+    """Static batches: a batch runs until its longest request is done, as with EOS in real use."""
     from transformers import GenerationConfig
 
-    gc = GenerationConfig(
-        max_new_tokens=max_tokens,
-        min_new_tokens=max_tokens,  # belt and braces: EOS is off anyway (eos_token_id=None below)
-        do_sample=False,
-        eos_token_id=None,
-        pad_token_id=pad_id,
-        bos_token_id=None,
-    )
+    lengths = per_request(max_tokens, len(prompts))
     n = len(prompts)
     lat = [0.0] * n
     toks: list[list[int]] = [[] for _ in range(n)]
@@ -383,20 +420,29 @@ def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens: i
         for j, p in enumerate(batch):  # left padding
             ids[j, width - len(p) :] = torch.tensor(p)
             mask[j, width - len(p) :] = 1
+        longest = max(lengths[start : start + concurrency])
+        gc = GenerationConfig(
+            max_new_tokens=longest,
+            min_new_tokens=longest,  # belt and braces: EOS is off anyway (eos_token_id=None below)
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=pad_id,
+            bos_token_id=None,
+        )
         tb = time.perf_counter()
         with torch.inference_mode():
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
         dt = time.perf_counter() - tb
         for j in range(len(batch)):
             lat[start + j] = dt
-            toks[start + j] = out[j, width:].tolist()
+            toks[start + j] = out[j, width : width + lengths[start + j]].tolist()
     return RunResult(time.perf_counter() - t0, lat, toks)
 
 
-def hf_generate_measure(args, model, pad_id, prompts, warm_prompts, c: int) -> RunResult:
+def hf_generate_measure(args, model, pad_id, prompts, lengths, warm_prompts, c: int) -> RunResult:
     hf_generate_run(model, pad_id, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)  # warm-up
     with CpuMeter() as cpu:
-        res = hf_generate_run(model, pad_id, prompts, c, args.max_tokens)
+        res = hf_generate_run(model, pad_id, prompts, c, lengths)
     return cpu.into(res)
 
 
@@ -421,8 +467,9 @@ def _cb_configs(args, max_seqs: int):
     return gen, cb
 
 
-def hf_cb_closed_run(manager, prompts, concurrency: int, max_tokens: int, tag: str) -> RunResult:
+def hf_cb_closed_run(manager, prompts, concurrency: int, max_tokens, tag: str) -> RunResult:
     n = len(prompts)
+    lengths = per_request(max_tokens, n)
     lat = [0.0] * n
     toks: list[list[int]] = [[] for _ in range(n)]
     submitted: dict[str, tuple[int, float]] = {}
@@ -433,7 +480,7 @@ def hf_cb_closed_run(manager, prompts, concurrency: int, max_tokens: int, tag: s
         nonlocal nxt
         rid = f"{tag}-{nxt}"
         submitted[rid] = (nxt, time.perf_counter())
-        manager.add_request(prompts[nxt], request_id=rid, max_new_tokens=max_tokens, eos_token_id=-1)
+        manager.add_request(prompts[nxt], request_id=rid, max_new_tokens=lengths[nxt], eos_token_id=-1)
         nxt += 1
 
     t0 = time.perf_counter()
@@ -471,12 +518,12 @@ def hf_cb_generate_batch_run(model, args, prompts, concurrency: int, max_tokens:
     return RunResult(wall, lat, [list(o.generated_tokens) for o in rows], {"note": "all submitted at t=0"})
 
 
-def hf_cb_measure(args, model, prompts, warm_prompts, c: int) -> RunResult:
+def hf_cb_measure(args, model, prompts, lengths, warm_prompts, c: int) -> RunResult:
     """One measured run on a fresh manager (and so an empty paged cache), as for the engine."""
     if args.hf_cb_api == "generate_batch":
         hf_cb_generate_batch_run(model, args, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
         with CpuMeter() as cpu:
-            res = hf_cb_generate_batch_run(model, args, prompts, c, args.max_tokens)
+            res = hf_cb_generate_batch_run(model, args, prompts, c, max(lengths))
         return cpu.into(res)
     gen, cb = _cb_configs(args, max(args.max_num_seqs, max(args.concurrency)))
     manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
@@ -484,7 +531,7 @@ def hf_cb_measure(args, model, prompts, warm_prompts, c: int) -> RunResult:
     try:
         hf_cb_closed_run(manager, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens, "warm")
         with CpuMeter() as cpu:
-            res = hf_cb_closed_run(manager, prompts, c, args.max_tokens, "run")
+            res = hf_cb_closed_run(manager, prompts, c, lengths, "run")
         cpu.into(res)
         cache = manager.batch_processor.cache
         res.extra["hf_cache_num_blocks"] = cache.num_blocks
@@ -522,7 +569,7 @@ def _start_profile(profile_dir: Path, name: str):
         return None
     profile_dir.mkdir(parents=True, exist_ok=True)
     path = profile_dir / f"{name}.txt"
-    cmd = [exe, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "200", "--threads",
+    cmd = [exe, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "100", "--threads",
            "--nonblocking", "-o", str(path)]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
@@ -557,8 +604,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
     # Defaults sized to ~15 min on 2 cores: batch-1 decode of this 135M model runs ~13 tok/s (memory bound),
     # so the concurrency-1 runs (3 systems x 3 repeats x N x T tokens) dominate the wall time.
-    p.add_argument("--num-prompts", type=int, default=16)
-    p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--num-prompts", type=int, default=None, help="prompts per run (default: max(8, 2 x C))")
+    p.add_argument("--max-tokens", type=int, default=64)
+    p.add_argument(
+        "--output-lengths",
+        choices=["mixed", "fixed"],
+        default="mixed",
+        help="mixed: each request wants a length drawn from [max/4, max] (as EOS makes them differ in real use); "
+        "fixed: every request wants --max-tokens",
+    )
     p.add_argument("--min-prompt-tokens", type=int, default=20)
     p.add_argument("--max-prompt-tokens", type=int, default=200)
     p.add_argument("--repeats", type=int, default=3)
@@ -578,7 +632,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.num_prompts, args.max_tokens, args.repeats, args.warmup_prompts = 16, 16, 1, 2
         args.max_prompt_tokens = min(args.max_prompt_tokens, 64)
-    if min(args.concurrency) < 1 or args.repeats < 1 or args.num_prompts < 1:
+    if min(args.concurrency) < 1 or args.repeats < 1 or (args.num_prompts is not None and args.num_prompts < 1):
         p.error("concurrency, repeats and num-prompts must be >= 1")
 
     print("command: " + " ".join(shlex.quote(a) for a in [sys.executable, *sys.argv]))
@@ -596,7 +650,16 @@ def main(argv: list[str] | None = None) -> int:
         f"{torch.get_num_threads()} threads")  # fmt: skip
 
     tok = load_tokenizer(model_path)
-    prompts = build_prompts(tok, args.num_prompts, args.min_prompt_tokens, args.max_prompt_tokens, args.seed)
+    def num_prompts(c: int) -> int:
+        return args.num_prompts or max(8, 2 * c)
+
+    n_max = max(num_prompts(c) for c in args.concurrency)
+    prompts = build_prompts(tok, n_max, args.min_prompt_tokens, args.max_prompt_tokens, args.seed)
+    rng = random.Random(args.seed + 1)
+    lengths = [
+        args.max_tokens if args.output_lengths == "fixed" else rng.randint(max(1, args.max_tokens // 4), args.max_tokens)
+        for _ in prompts
+    ]
     warm_prompts = build_prompts(
         tok,
         max(args.warmup_prompts, max(args.concurrency)),
@@ -606,13 +669,13 @@ def main(argv: list[str] | None = None) -> int:
     )  # distinct from the measured prompts, so no prefix cache ever holds a measured prompt
     plens = [len(x) for x in prompts]
     log(f"{len(prompts)} prompts, {min(plens)}-{max(plens)} tokens (mean {statistics.fmean(plens):.0f}); "
-        f"{args.max_tokens} new tokens each")  # fmt: skip
+        f"{args.output_lengths} output lengths up to {args.max_tokens} (mean {statistics.fmean(lengths):.0f})")  # fmt: skip
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
     results: dict[str, dict] = {name: {} for name in SYSTEMS if name in args.systems}
     timings: dict[str, float] = dict.fromkeys(results, 0.0)
     t = time.perf_counter()
-    model = load_hf(model_path)  # for hf_generate, hf_cb and the batch-1 token check
+    model = in_fresh_thread(load_hf, model_path)  # for hf_generate, hf_cb and the batch-1 token check
     log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
     spec = engine_spec(args, model_path) if "engine" in args.systems else None
     # Interleaved: for each concurrency and repeat, every system runs once, so a burst of load from
@@ -621,16 +684,17 @@ def main(argv: list[str] | None = None) -> int:
         for r in range(args.repeats):
             for name in list(results):
                 t = time.perf_counter()
+                pr, ln = prompts[: num_prompts(c)], lengths[: num_prompts(c)]
                 if name == "engine":
                     prof = f"engine_c{c}" if r == 0 else None
-                    res = asyncio.run(engine_measure(args, spec, prompts, warm_prompts, c, prof))
+                    res = asyncio.run(engine_measure(args, spec, pr, ln, warm_prompts, c, prof))
                     note = f", overhead {res.extra['overhead_frac']:.1%}"
                 elif name == "hf_generate":
-                    res, note = hf_generate_measure(args, model, pad_id, prompts, warm_prompts, c), ""
+                    res, note = in_fresh_thread(hf_generate_measure, args, model, pad_id, pr, ln, warm_prompts, c), ""
                 else:
-                    res, note = hf_cb_measure(args, model, prompts, warm_prompts, c), ""
+                    res, note = in_fresh_thread(hf_cb_measure, args, model, pr, ln, warm_prompts, c), ""
                 timings[name] += time.perf_counter() - t
-                check_lengths(name, res, args.max_tokens)
+                check_lengths(name, res, ln)
                 results[name].setdefault(c, []).append(res)
                 log(f"{name} c={c} repeat {r + 1}: {res.tok_per_s:.1f} tok/s{note}{_load(res)}")
 
@@ -641,7 +705,7 @@ def main(argv: list[str] | None = None) -> int:
     if "hf_generate" in results and 1 in results["hf_generate"]:
         ref_b1 = results["hf_generate"][1][0].tokens
     elif "engine" in results:
-        ref_b1 = hf_generate_run(model, pad_id, prompts[:2], 1, args.max_tokens).tokens
+        ref_b1 = in_fresh_thread(hf_generate_run, model, pad_id, prompts[:2], 1, lengths[:2]).tokens
     if ref_b1 is not None:
         for name, res in results.items():
             for c, runs in res.items():
@@ -669,12 +733,13 @@ def main(argv: list[str] | None = None) -> int:
                 summary.setdefault(name, {})[c] = median_summary(runs)
     print()
     print(f"model: {model_path} | {len(prompts)} prompts of {min(plens)}-{max(plens)} tokens "
-          f"(mean {statistics.fmean(plens):.0f}) | {args.max_tokens} new tokens each, greedy, EOS ignored | "
+          f"(mean {statistics.fmean(plens):.0f}) | {args.output_lengths} output lengths up to {args.max_tokens}, "
+          f"greedy, EOS ignored | "
           f"{NUM_THREADS} threads | median of {args.repeats} repeat(s)")  # fmt: skip
     print()
     print(
         "| system | concurrency | tok/s | p50 latency (s) | p99 latency (s) | vs static generate | engine overhead "
-        "| other procs' CPU (cores) |"
+        "| CPU cores: this process / others |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
@@ -687,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
             ovh = f"{s['overhead_frac']:.1%}" if "overhead_frac" in s else "-"
             print(
                 f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {ratio} | {ovh} "
-                f"| {s.get('cpu_foreign_cores', float('nan')):.2f} |"
+                f"| {s.get('cpu_self_cores', float('nan')):.2f} / {s.get('cpu_foreign_cores', float('nan')):.2f} |"
             )
     print()
     for k, v in checks.items():

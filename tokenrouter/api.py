@@ -13,7 +13,7 @@ import anyio
 
 from .config import ModelSpec, SamplingParams
 from .engine.lockstep import LockstepDriver
-from .engine.model_loader import LoadedModel, load_model
+from .engine.model_loader import LoadedModel
 from .engine.output_processor import OutputProcessor
 from .engine.request_channel import RequestChannel
 from .engine.sequence import Request
@@ -126,31 +126,37 @@ class Engine:
         """Load every model (one at a time, to bound peak memory) and start the workers."""
         if self._running:
             raise EngineNotRunningError("the engine is already running")
+        workers = {
+            name: Worker(
+                name,
+                spec,
+                self._dispatch,
+                self.policy,
+                self.batch_min[name],
+                self.batch_wait_s,
+                keep_kv_on_handoff=self.mode != "standard",
+                num_threads=self.num_threads,
+            )
+            for name, spec in self.specs.items()
+        }
+        for worker in workers.values():
+            worker.connect(workers)
         try:
-            for name, spec in self.specs.items():
-                self.loaded[name] = await anyio.to_thread.run_sync(load_model, name, spec)
+            # Models load in their workers' threads, one after another to bound peak memory.
+            if self.mode == "lockstep":
+                LockstepDriver(list(workers.values())).start()
+            for name, worker in workers.items():
+                if self.mode != "lockstep":
+                    worker.start()
+                self.loaded[name] = await anyio.to_thread.run_sync(worker.wait_ready)
+            self.workers = workers
             self._check_tokenizers()
-            for name in self.specs:
-                self.workers[name] = Worker(
-                    self.loaded[name],
-                    self._dispatch,
-                    self.policy,
-                    self.batch_min[name],
-                    self.batch_wait_s,
-                    keep_kv_on_handoff=self.mode != "standard",
-                    num_threads=self.num_threads,
-                )
-            for worker in self.workers.values():
-                worker.connect(self.workers)
         except BaseException:
+            for worker in workers.values():
+                worker.stop()
             self.loaded.clear()
-            self.workers.clear()
+            self.workers = {}
             raise
-        if self.mode == "lockstep":
-            LockstepDriver(list(self.workers.values())).start()
-        else:
-            for worker in self.workers.values():
-                worker.start()
         self._running = True
 
     def _check_tokenizers(self) -> None:

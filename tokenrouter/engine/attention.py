@@ -29,8 +29,8 @@ class AttentionMetadata:
 
     slot_mapping: torch.Tensor  # [num_tokens] cache slot of each new token
     num_decode: int  # the first num_decode rows have exactly one new token
-    decode_slots: torch.Tensor | None  # [num_decode, max_ctx] slots of every context token, padded
-    decode_mask: torch.Tensor | None  # [num_decode, max_ctx] True where a slot is real
+    decode_block_tables: torch.Tensor | None  # [num_decode, max_blocks] block ids, padded with block 0
+    decode_mask: torch.Tensor | None  # [num_decode, max_blocks * block_size] True where a position is real
     decode_positions: torch.Tensor | None  # [num_decode] position of the new token
     # prefill/extend rows: (token start, query length, context length) and context slots
     prefill_rows: list[tuple[int, int, int]]

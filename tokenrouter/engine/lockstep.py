@@ -31,9 +31,12 @@ class LockstepDriver:
 
     def _run(self) -> None:
         current: Worker | None = None
-        threads = [w.num_threads for w in self.workers if w.num_threads is not None]
-        if threads:
-            torch.set_num_threads(max(threads))
+        for w in self.workers:  # load every model in this, the one stepping thread
+            w.setup()
+        if any(w._setup_error is not None for w in self.workers):
+            for w in self.workers:
+                w._ready.set()
+            return
         try:
             with torch.inference_mode():
                 while True:

@@ -42,7 +42,6 @@ class ModelRunner:
         self.backend = backend
         self.block_size = block_size
         self.device = loaded.device
-        self._offsets = torch.arange(block_size, device=self.device)
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         bs = self.block_size
@@ -58,20 +57,19 @@ class ModelRunner:
         last_index: list[int] = []
         nd = batch.num_decode
 
-        decode_slots = decode_mask = decode_positions = None
+        tables = decode_mask = decode_positions = None
         if nd:
             dseqs = batch.seqs[:nd]
             ctx = [s.num_computed + 1 for s in dseqs]
             width = max(len(s.block_table) for s in dseqs)
             tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs], device=dev)
-            max_ctx = max(ctx)
-            decode_slots = (tables[:, :, None] * bs + self._offsets).view(nd, -1)[:, :max_ctx].contiguous()
             ctx_t = torch.tensor(ctx, device=dev)
-            decode_mask = torch.arange(max_ctx, device=dev)[None, :] < ctx_t[:, None]
+            decode_mask = torch.arange(width * bs, device=dev)[None, :] < ctx_t[:, None]
             decode_positions = ctx_t - 1
             ids.extend(s.token_ids[s.num_computed] for s in dseqs)
             pos_chunks.append(decode_positions)
-            slot_chunks.append(decode_slots.gather(1, decode_positions[:, None]).squeeze(1))
+            last_block = tables.gather(1, (decode_positions // bs)[:, None]).squeeze(1)
+            slot_chunks.append(last_block * bs + decode_positions % bs)
             sample_rows.extend(range(nd))
             last_index.extend(range(nd))
 
@@ -99,7 +97,7 @@ class ModelRunner:
         meta = AttentionMetadata(
             slot_mapping=torch.cat(slot_chunks),
             num_decode=nd,
-            decode_slots=decode_slots,
+            decode_block_tables=tables,
             decode_mask=decode_mask,
             decode_positions=decode_positions,
             prefill_rows=prefill_rows,

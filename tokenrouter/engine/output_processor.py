@@ -52,23 +52,13 @@ class OutputProcessor:
             new_ids = ev.token_ids
             self.token_ids.extend(new_ids)
             self.token_models.extend([ev.model] * len(new_ids))
-            new_text = self.detok.add(new_ids)
-            if new_text:
-                self.text += new_text
-                cut = self.stops.find(self.text, len(new_text))
-                if cut is not None:
-                    self.text = self.text[:cut]
-                    self.finish_reason = "stop"
+            if self._append_text(self.detok.add(new_ids)):
+                self.finish_reason = "stop"
         if ev.finish_reason is not None and not self.done:
-            if ev.finish_reason in ("stop", "length"):
-                tail = self.detok.flush()
-                if tail:
-                    self.text += tail
-                    cut = self.stops.find(self.text, len(tail))
-                    if cut is not None:
-                        self.text = self.text[:cut]
-                        ev.finish_reason = "stop"
-            self.finish_reason = ev.finish_reason
+            reason = ev.finish_reason
+            if reason in ("stop", "length") and self._append_text(self.detok.flush()):
+                reason = "stop"
+            self.finish_reason = reason
             self.error = ev.error
         if self.done:
             self.t_end = time.monotonic()
@@ -86,6 +76,17 @@ class OutputProcessor:
             error=self.error,
             output=self.output() if self.done else None,
         )
+
+    def _append_text(self, new_text: str) -> bool:
+        """Add stable text; cut it at a stop string and return True if one appeared."""
+        if not new_text:
+            return False
+        self.text += new_text
+        cut = self.stops.find(self.text, len(new_text))
+        if cut is None:
+            return False
+        self.text = self.text[:cut]
+        return True
 
     def output(self) -> RequestOutput:
         end = self.t_end if self.t_end is not None else time.monotonic()

@@ -25,10 +25,12 @@ class TorchPagedAttention(AttentionBackend):
         gqa = q.shape[1] != k.shape[1]
         nd = meta.num_decode
         if nd:
-            bsz, max_ctx = meta.decode_slots.shape
-            flat = meta.decode_slots.reshape(-1)
-            kd = k_cache.index_select(0, flat).view(bsz, max_ctx, *k.shape[1:]).transpose(1, 2)
-            vd = v_cache.index_select(0, flat).view(bsz, max_ctx, *v.shape[1:]).transpose(1, 2)
+            # Gather whole blocks (one index per block, not per token), then mask the tail.
+            bsz, max_ctx = meta.decode_mask.shape
+            blocks = meta.decode_block_tables.reshape(-1)
+            paged = (self.cache.num_blocks, self.cache.block_size, *k.shape[1:])
+            kd = k_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *k.shape[1:]).transpose(1, 2)
+            vd = v_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *v.shape[1:]).transpose(1, 2)
             mask = meta.decode_mask
             if sliding_window is not None:
                 pos = torch.arange(max_ctx, device=q.device)

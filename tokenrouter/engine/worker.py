@@ -19,10 +19,12 @@ from dataclasses import dataclass
 
 import torch
 
+from ..config import ModelSpec
+from ..errors import ConfigError
 from ..policies.base import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVLayout
-from .model_loader import LoadedModel
+from .model_loader import LoadedModel, load_model
 from .model_runner import ModelRunner, ScheduledBatch
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
@@ -80,9 +82,15 @@ class WorkerStats:
 
 
 class Worker:
+    """Everything torch does for a model (loading it, allocating its KV pool, every step) happens
+    in the worker's own thread: with GNU OpenMP, another thread that has run a multi-threaded torch
+    op stays in libgomp's count, and once threads outnumber cores libgomp stops spinning between
+    parallel regions and each op gets ~25% slower."""
+
     def __init__(
         self,
-        loaded: LoadedModel,
+        name: str,
+        spec: ModelSpec,
         sink: Sink,
         policy: Policy,
         batch_min: int = 1,
@@ -90,13 +98,12 @@ class Worker:
         keep_kv_on_handoff: bool = True,
         num_threads: int | None = None,
     ):
-        spec = loaded.spec
-        self.name = loaded.name
-        self.loaded = loaded
+        self.name = name
+        self.spec = spec
         self.sink = sink
         self.policy = policy
-        self.routing = self.name in policy.models and len(policy.models) > 1
-        self.model_index = policy.models.index(self.name) if self.name in policy.models else -1
+        self.routing = name in policy.models and len(policy.models) > 1
+        self.model_index = policy.models.index(name) if name in policy.models else -1
         self.batch_min = max(1, min(batch_min, spec.max_num_seqs))
         self.batch_wait_s = batch_wait_s
         # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
@@ -104,21 +111,9 @@ class Worker:
         self.keep_kv_on_handoff = keep_kv_on_handoff
         self.num_threads = num_threads  # torch intra-op threads of this worker's thread
         self.peers: dict[str, Worker] = {}
-        layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
-        tokens = spec.kv_cache_tokens
-        if tokens is None and spec.kv_cache_bytes is None:
-            tokens = DEFAULT_KV_CACHE_TOKENS
-        num_blocks = KVCache.num_blocks_for(layout, spec.block_size, tokens, spec.kv_cache_bytes)
-        if num_blocks < 1:
-            raise ValueError(
-                f"model {self.name!r}: the KV budget is smaller than one block of {spec.block_size} tokens "
-                f"({spec.block_size * layout.bytes_per_token} bytes)"
-            )
-        self.cache = KVCache(layout, num_blocks, spec.block_size, loaded.device)
-        self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
-        self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size)
-        self.sampler = Sampler()
+        self.loaded: LoadedModel | None = None  # set by setup(), in the worker's thread
+        self._ready = threading.Event()
+        self._setup_error: BaseException | None = None
         self.seqs: dict[str, Sequence] = {}
         self._inbox: deque[tuple[str, object]] = deque()
         self._inbox_lock = threading.Lock()
@@ -137,6 +132,44 @@ class Worker:
         self.time_step = 0.0
         self.time_idle = 0.0
         self.time_waiting_for_batch = 0.0
+
+    def setup(self) -> None:
+        """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
+        try:
+            if self.num_threads is not None:
+                torch.set_num_threads(self.num_threads)
+            spec = self.spec
+            loaded = load_model(self.name, spec)
+            layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
+            tokens = spec.kv_cache_tokens
+            if tokens is None and spec.kv_cache_bytes is None:
+                tokens = DEFAULT_KV_CACHE_TOKENS
+            num_blocks = KVCache.num_blocks_for(layout, spec.block_size, tokens, spec.kv_cache_bytes)
+            if num_blocks < 1:
+                raise ConfigError(
+                    f"model {self.name!r}: the KV budget is smaller than one block of {spec.block_size} tokens "
+                    f"({spec.block_size * layout.bytes_per_token} bytes)"
+                )
+            self.cache = KVCache(layout, num_blocks, spec.block_size, loaded.device)
+            self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
+            self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
+            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size)
+            self.sampler = Sampler()
+            self.loaded = loaded
+        except BaseException as e:
+            self._setup_error = e
+            with self._inbox_lock:
+                self._closed = True
+        finally:
+            self._ready.set()
+
+    def wait_ready(self) -> LoadedModel:
+        """Block until setup() is done; re-raise its error (missing weights, bad budget, ...)."""
+        self._ready.wait()
+        if self._setup_error is not None:
+            raise self._setup_error
+        assert self.loaded is not None
+        return self.loaded
 
     # ---- called from other threads -------------------------------------------------------
     def connect(self, peers: dict[str, Worker]) -> None:
@@ -209,8 +242,9 @@ class Worker:
     # ---- the worker thread ---------------------------------------------------------------
     def _run(self) -> None:
         hold_since: float | None = None
-        if self.num_threads is not None:
-            torch.set_num_threads(self.num_threads)
+        self.setup()
+        if self._setup_error is not None:
+            return
         try:
             with torch.inference_mode():
                 while True:
@@ -348,6 +382,7 @@ class Worker:
                 for seq in batch.seqs:
                     if self.seqs.get(seq.request_id) is seq and seq.status is not SeqStatus.PENDING:
                         self._end(seq, events, "error", msg)
+        self.time_step += time.perf_counter() - t_start
         # Events before messages: a peer's tokens must never reach the caller before ours.
         if events:
             self.sink(events)
@@ -362,7 +397,6 @@ class Worker:
                     late.append(WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=err))
         if late:
             self.sink(late)
-        self.time_step += time.perf_counter() - t_start
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed
