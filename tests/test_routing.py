@@ -250,3 +250,13 @@ def test_baseline_modes_give_the_same_tokens(pair, ref_models, tokenizer, mode, 
         assert reprefilled > 0  # every hand-off re-processed the whole sequence
     if mode == "lockstep":
         assert reprefilled == 0
+
+
+def test_policy_requiring_an_unknown_field_is_rejected(pair):
+    from tokenrouter.errors import ConfigError
+
+    class WantsHidden(RStitch):
+        requires = frozenset({"entropy", "hidden"})
+
+    with pytest.raises(ConfigError, match="hidden"):
+        Engine(models=pair, policy=WantsHidden(small="small", large="large"))

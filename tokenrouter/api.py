@@ -20,7 +20,7 @@ from .engine.sequence import Request
 from .engine.worker import Worker, WorkerEvent, WorkerStats
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError
 from .outputs import RequestOutput, StreamDelta
-from .policies import Policy, Single
+from .policies import ENTROPY, Policy, Single
 from .prompts import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
@@ -75,6 +75,9 @@ class Engine:
             policy = Single(next(iter(self.specs)))
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy: must be a Policy, got {type(policy).__name__}")
+        unknown = sorted(set(policy.requires) - {ENTROPY})
+        if unknown:
+            raise ConfigError(f"policy: requires step-result fields {unknown} that the engine does not provide")
         missing = [m for m in policy.models if m not in self.specs]
         if missing:
             raise ConfigError(f"policy: names model(s) {missing} that are not in models {sorted(self.specs)}")
@@ -295,6 +298,3 @@ class Engine:
     def stats(self) -> dict[str, WorkerStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings."""
         return {name: w.stats() for name, w in self.workers.items()}
-
-    def tokenizer(self, model: str | None = None):
-        return self.loaded[model or self.policy.entry_model].tokenizer

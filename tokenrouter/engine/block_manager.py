@@ -82,9 +82,6 @@ class BlockManager:
         seq.num_cached_prompt = min(seq.num_computed, seq.req.num_prompt_tokens)
         self.prefix_hits += seq.num_computed
 
-    def can_grow(self, seq: Sequence, num_tokens: int) -> bool:
-        return self.blocks_for(num_tokens) - len(seq.block_table) <= self.num_free
-
     def grow(self, seq: Sequence, num_tokens: int) -> bool:
         """Make the block table cover `num_tokens` tokens; False (and no change) if the pool is short."""
         need = self.blocks_for(num_tokens) - len(seq.block_table)

@@ -20,10 +20,6 @@ class ScheduledBatch:
     num_new: list[int]
     num_decode: int
 
-    @property
-    def num_tokens(self) -> int:
-        return sum(self.num_new)
-
     def __len__(self) -> int:
         return len(self.seqs)
 

@@ -12,7 +12,6 @@ preempted: its blocks are freed and it waits to be recomputed. Nothing generated
 
 from __future__ import annotations
 
-import time
 from collections import OrderedDict, deque
 
 from .block_manager import BlockManager
@@ -31,7 +30,7 @@ class Scheduler:
         self.max_num_batched_tokens = max_num_batched_tokens
         self.waiting: deque[Sequence] = deque()
         self.running: deque[Sequence] = deque()
-        self.pending: OrderedDict[str, Sequence] = OrderedDict()  # oldest parked first
+        self.pending: OrderedDict[str, Sequence] = OrderedDict()  # insertion order: oldest parked first
         self.num_preemptions = 0
         self.num_evictions = 0
 
@@ -50,7 +49,6 @@ class Scheduler:
         """The request left for a peer: keep its blocks, stop scheduling it."""
         self.running.remove(seq)
         seq.status = SeqStatus.PENDING
-        seq.pending_since = time.monotonic()
         self.pending[seq.request_id] = seq
 
     def resume(self, seq: Sequence) -> None:
@@ -77,7 +75,6 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.blocks.free(seq)
         seq.status = SeqStatus.WAITING
-        seq.num_preemptions += 1
         self.num_preemptions += 1
         self.waiting.appendleft(seq)
 

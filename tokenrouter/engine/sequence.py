@@ -9,7 +9,6 @@ not seen, so a worker could live in another process.
 from __future__ import annotations
 
 import enum
-import time
 from dataclasses import dataclass, field
 
 from ..config import SamplingParams
@@ -23,7 +22,6 @@ class Request:
     seed: int
     stop_token_ids: frozenset[int]
     max_tokens: int  # effective: params.max_tokens capped by the context limit
-    arrival_time: float = field(default_factory=time.monotonic)
     # Set by the caller's side when the request is aborted; a worker that receives a hand-off of
     # an aborted request ends it instead of running it (the abort may have passed it in transit).
     aborted: bool = False
@@ -50,12 +48,10 @@ class Sequence:
     num_computed: int = 0  # leading tokens of token_ids whose KV this worker holds
     num_cached_prompt: int = 0  # prompt tokens found in the prefix cache at first admission
     num_hashed_blocks: int = 0  # leading full blocks already registered in the prefix cache
-    num_preemptions: int = 0
     num_fed: int = 0  # tokens put through this worker's forward for the request, not yet reported
     peer_known: dict[str, int] = field(default_factory=dict)  # tokens each peer already knows
     policy_state: dict = field(default_factory=dict)  # the policy's own per-request fields
     stalls: int = 0  # hand-offs in a row that added no token (guards against ping-pong)
-    pending_since: float = 0.0
 
     @property
     def request_id(self) -> str:

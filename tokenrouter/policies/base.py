@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 import torch
 
 ENTROPY = "entropy"
-HIDDEN = "hidden"
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -38,7 +37,6 @@ class StepResult:
     num_generated: torch.Tensor  # [B] tokens already generated before this one
     states: list[dict]  # the policy's per-request fields, mutable
     entropy: torch.Tensor | None = None  # [B] normalized entropy, if the policy requires ENTROPY
-    hidden: torch.Tensor | None = None  # [B, hidden] last hidden state, if it requires HIDDEN
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -76,7 +74,7 @@ class PeerMessage:
 class Policy(ABC):
     """A routing algorithm. Subclasses name their models and implement `route`.
 
-    `requires` lists the optional step-result fields the policy reads (ENTROPY, HIDDEN); the
+    `requires` lists the optional step-result fields the policy reads (ENTROPY); the
     engine computes only those.
     """
 
