@@ -36,3 +36,19 @@ def tiny_models(tmp_path_factory, tokenizer):
 @pytest.fixture(scope="session")
 def tiny_model(tiny_models):
     return tiny_models["qwen2"]
+
+
+# With logit_scale=3 the tiny pair's normalized entropies straddle 0.2 (both directions often).
+TINY_PAIR_TAU = 0.2
+
+
+@pytest.fixture(scope="session")
+def tiny_pair(tmp_path_factory, tokenizer):
+    """Two float64 Qwen2 models sharing one tokenizer, for routing: {"small": dir, "large": dir}."""
+    root = tmp_path_factory.mktemp("pair")
+    small = build_tiny_model(root / "small", "qwen2", dtype=torch.float64, seed=1, tokenizer=tokenizer, logit_scale=3.0)
+    large = build_tiny_model(
+        root / "large", "qwen2", dtype=torch.float64, seed=2, tokenizer=tokenizer, logit_scale=3.0,
+        num_hidden_layers=3, hidden_size=96,
+    )  # fmt: skip
+    return {"small": small, "large": large}

@@ -169,3 +169,52 @@ def test_encoder_decoder_is_rejected(tmp_path):
 
     with pytest.raises(ModelLoadError, match="encoder-decoder"):
         anyio.run(main)
+
+
+# ---- defaults and store names ------------------------------------------------------------------
+def test_engine_without_models_names_the_pull_command(monkeypatch, tmp_path):
+    from tokenrouter import Engine, ModelLoadError
+    from tokenrouter.policies import RStitch
+
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    for make in (lambda: Engine(), lambda: Engine(policy=RStitch(tau=0.03))):
+        with pytest.raises(ModelLoadError, match="fetch it with `tokenrouter pull demo`"):
+            make()
+
+
+def test_engine_without_models_needs_a_policy_naming_the_demo_roles(monkeypatch, tmp_path):
+    from tokenrouter import ConfigError, Engine, Single
+
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    with pytest.raises(ConfigError, match=r"only provides \['large', 'small'\], while the policy names \['m'\]"):
+        Engine(policy=Single("m"))
+
+
+def _fake_store_model(home, name, real_dir):
+    """Put a model into a store at `home` under a registered name (a copy of a tiny model)."""
+    import shutil
+
+    from tokenrouter import store
+
+    target = store.model_dir(name, home)
+    shutil.copytree(real_dir, target)
+    (target / store.COMPLETE_MARKER).write_text("test\n")
+    return target
+
+
+def test_store_names_work_wherever_a_model_is_named(monkeypatch, tmp_path, tiny_model):
+    from pydantic import ValidationError
+
+    from tokenrouter import Engine, ModelSpec, RStitch
+
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    with pytest.raises(ValidationError, match="fetch it with `tokenrouter pull smollm2`"):
+        ModelSpec(path="smollm2")
+    target = _fake_store_model(tmp_path, "smollm2", tiny_model)
+    assert ModelSpec(path="smollm2").path == target
+    assert Engine(models={"m": "smollm2"}).specs["m"].path == target
+    _fake_store_model(tmp_path, "qwen-coder-0.5b", tiny_model)
+    _fake_store_model(tmp_path, "qwen-coder-1.5b", tiny_model)
+    engine = Engine()
+    assert isinstance(engine.policy, RStitch) and engine.policy.tau == 0.03
+    assert {m: s.path.name for m, s in engine.specs.items()} == {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}

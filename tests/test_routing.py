@@ -10,20 +10,15 @@ from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import Policy, Route, RStitch, StepResult
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
 
+from .conftest import TINY_PAIR_TAU
 from .helpers import wait_all_free
 
-TAU = 0.2  # with logit_scale=3 the tiny pair's normalized entropies straddle 0.2 (both directions often)
+TAU = TINY_PAIR_TAU
 
 
 @pytest.fixture(scope="module")
-def pair(tmp_path_factory, tokenizer):
-    root = tmp_path_factory.mktemp("pair")
-    small = build_tiny_model(root / "small", "qwen2", dtype=torch.float64, seed=1, tokenizer=tokenizer, logit_scale=3.0)
-    large = build_tiny_model(
-        root / "large", "qwen2", dtype=torch.float64, seed=2, tokenizer=tokenizer, logit_scale=3.0,
-        num_hidden_layers=3, hidden_size=96,
-    )
-    return {"small": small, "large": large}
+def pair(tiny_pair):
+    return tiny_pair
 
 
 @pytest.fixture(scope="module")

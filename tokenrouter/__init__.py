@@ -10,7 +10,7 @@ from .errors import (
     TokenRouterError,
 )
 from .outputs import RequestOutput, StreamDelta
-from .policies import Policy, Single
+from .policies import Policy, RStitch, Single
 
 __all__ = [
     "ConfigError",
@@ -20,6 +20,7 @@ __all__ = [
     "ModelLoadError",
     "ModelSpec",
     "Policy",
+    "RStitch",
     "RequestOutput",
     "SamplingParams",
     "Single",

@@ -18,12 +18,33 @@ from .engine.output_processor import OutputProcessor
 from .engine.request_channel import RequestChannel
 from .engine.sequence import Request
 from .engine.worker import Worker, WorkerEvent, WorkerStats
-from .errors import ConfigError, EngineNotRunningError, InvalidRequestError
+from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
 from .outputs import RequestOutput, StreamDelta
-from .policies import ENTROPY, Policy, Single
+from .policies import ENTROPY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
+
+
+def _default_models(policy: Policy) -> dict[str, ModelSpec]:
+    """The demo pair from the store, for a policy that names its models "small" and "large"."""
+    from . import store
+
+    if not isinstance(policy, Policy):
+        raise ConfigError(f"policy: must be a Policy, got {type(policy).__name__}")
+    unknown = [m for m in policy.models if m not in store.DEFAULT_MODELS]
+    if unknown:
+        raise ConfigError(
+            f"models: not given, and the default demo pair only provides {sorted(store.DEFAULT_MODELS)}, "
+            f"while the policy names {unknown}"
+        )
+    missing = [store.DEFAULT_MODELS[m] for m in policy.models if not store.is_pulled(store.DEFAULT_MODELS[m])]
+    if missing:
+        raise ModelLoadError(
+            f"models: not given, so the engine serves the demo pair, but {missing} is not in the store at "
+            f"{store.home_dir()}; fetch it with `{store.pull_command('demo')}` (or pass models=...)"
+        )
+    return {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m])) for m in policy.models}
 
 
 class Engine:
@@ -31,6 +52,9 @@ class Engine:
 
     >>> async with Engine(models={"m": "path/to/model"}) as engine:
     ...     out = await engine.generate("Hello", SamplingParams(max_tokens=16))
+
+    With no models, the engine serves the demo pair from the local store (`tokenrouter pull
+    demo`) as "small" and "large", under `RStitch(tau=0.03)` unless another policy is given.
 
     Each model gets a worker thread with its own scheduler and paged KV pool. `generate`,
     `stream` and `abort` may be called from any event loop (asyncio or trio) while it runs.
@@ -57,6 +81,9 @@ class Engine:
         mode: Literal["routed", "standard", "lockstep"] = "routed",
         stop_timeout: float = 30.0,
     ):
+        if models is None:
+            policy = RStitch(tau=0.03) if policy is None else policy
+            models = _default_models(policy)
         if not models:
             raise ConfigError("models: give at least one model, e.g. Engine(models={'m': 'path/to/model'})")
         if not isinstance(models, Mapping):

