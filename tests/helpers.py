@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import lru_cache
 
 import anyio
 import torch
 from transformers import AutoModelForCausalLM
+
+from tokenrouter.policies import Policy, Route, StepResult
 
 
 @lru_cache(maxsize=8)
@@ -36,8 +39,73 @@ async def wait_all_free(engine, timeout: float = 10.0) -> None:
     deadline = time.monotonic() + timeout
     while True:
         stats = engine.stats()
-        if all(s.kv_blocks_free == s.kv_blocks_total and s.running == 0 and s.waiting == 0 for s in stats.values()):
+        if all(
+            s.kv_blocks_free == s.kv_blocks_total and s.running == 0 and s.waiting == 0 and s.pending == 0
+            for s in stats.values()
+        ):
             return
         if time.monotonic() > deadline:
             raise AssertionError(f"KV not freed: {stats}")
         await anyio.sleep(0.01)
+
+
+def holds_nothing(engine) -> bool:
+    """No worker holds a request, and the engine tracks no request."""
+    return all(not w.seqs for w in engine.workers.values()) and not engine._channels and not engine._requests
+
+
+class EveryK(Policy):
+    """A custom policy: keep every token, and move to the other model after every k-th one.
+
+    It carries its own field across hand-offs (how many times the request moved).
+    """
+
+    def __init__(self, k: int):
+        self.k = k
+
+    @property
+    def models(self):
+        return ["small", "large"]
+
+    def route(self, result: StepResult) -> Route:
+        move = (result.num_generated + 1) % self.k == 0
+        other = 1 - result.model_index
+        next_model = torch.where(move, other, result.model_index)
+        for state, m in zip(result.states, move.tolist()):
+            if m:
+                state["moves"] = state.get("moves", 0) + 1
+        return Route(keep=torch.ones_like(move), next_model=next_model)
+
+    def send(self, msg, state):
+        msg = super().send(msg, state)
+        assert msg.tokens, "a hand-off always carries the tokens the peer has not seen"
+        return msg
+
+
+class StepGate:
+    """Freezes a worker at the start of the first step where `predicate(worker)` holds, until opened.
+
+    The predicate runs in the worker's thread right after it drained its inbox, so the state it
+    sees is exactly the state the worker is frozen in: a test can then cancel a request in that
+    state and open the gate.
+    """
+
+    def __init__(self, worker, predicate):
+        self.hit = threading.Event()
+        self.opened = threading.Event()
+        real = worker._step
+
+        def step():
+            if not self.hit.is_set() and not self.opened.is_set() and predicate(worker):
+                self.hit.set()
+                self.opened.wait(30)
+            real()
+
+        worker._step = step
+
+    async def wait_hit(self, timeout: float = 20.0) -> None:
+        if not await anyio.to_thread.run_sync(self.hit.wait, timeout):
+            raise AssertionError("the worker never reached the gated state")
+
+    def open(self) -> None:
+        self.opened.set()

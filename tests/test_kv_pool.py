@@ -5,7 +5,7 @@ import random
 import anyio
 import pytest
 
-from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter import Engine, InvalidRequestError, ModelSpec, SamplingParams
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.sequence import Request, Sequence
 
@@ -72,17 +72,17 @@ def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tok
                 async with anyio.create_task_group() as tg:
                     async def run():
                         outs["aborted"] = await engine.generate(
-                            prompts[0], SamplingParams(temperature=0, max_tokens=200, ignore_eos=True),
+                            prompts[0], SamplingParams(temperature=0, max_tokens=110, ignore_eos=True),
                             request_id="to-abort",
                         )
                     tg.start_soon(run)
                     await anyio.sleep(0.05)
                     await engine.abort("to-abort")
 
-            async def too_big():
-                outs["too_big"] = await engine.generate(
-                    [5] * 300, SamplingParams(temperature=0, max_tokens=5)
-                )
+            async def too_big():  # can never fit, even alone: refused at once, before any worker sees it
+                with pytest.raises(InvalidRequestError) as info:
+                    await engine.generate([5] * 300, SamplingParams(temperature=0, max_tokens=5))
+                outs["too_big"] = info.value
 
             async with anyio.create_task_group() as tg:
                 for i in range(len(prompts)):
@@ -96,8 +96,9 @@ def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tok
 
     anyio.run(main)
     assert outs["aborted"].finish_reason == "abort"
-    assert outs["too_big"].finish_reason == "error"
-    assert "300 tokens" in outs["too_big"].error and "160 tokens" in outs["too_big"].error
+    assert outs["too_big"].field == "prompt"
+    assert "needs KV for 305 tokens (prompt 300 + max_tokens 5)" in str(outs["too_big"])
+    assert "pool holds 160 tokens" in str(outs["too_big"])
     assert any(outs[i].num_cached_prompt_tokens > 0 for i in range(10))
     for i, p in enumerate(prompts):
         assert outs[i].token_ids == hf_greedy(tiny_model, p, max_tokens[i]), f"request {i} differs"
@@ -113,5 +114,29 @@ def test_budget_in_tokens_or_bytes(tiny_model, budget):
             st = engine.stats()["m"]
             assert st.kv_blocks_total * st.kv_block_size == 64
             assert st.kv_cache_bytes == 64 * 1024
+
+    anyio.run(main)
+
+
+def test_a_request_too_big_for_any_pool_it_may_visit_fails_at_once(tiny_pair):
+    """The small model's pool holds it, the large one's does not: refused before any worker sees it."""
+    from tokenrouter import RStitch
+
+    specs = {
+        "small": ModelSpec(path=tiny_pair["small"], dtype="float64", kv_cache_tokens=512, block_size=8),
+        "large": ModelSpec(path=tiny_pair["large"], dtype="float64", kv_cache_tokens=64, block_size=8),
+    }
+
+    async def main():
+        async with Engine(models=specs, policy=RStitch(tau=0.2)) as engine:
+            with pytest.raises(InvalidRequestError) as info:
+                await engine.generate([5] * 40, SamplingParams(max_tokens=30))
+            assert info.value.field == "max_tokens"
+            assert "needs KV for 70 tokens (prompt 40 + max_tokens 30), but model 'large''s pool holds 64 tokens" in str(
+                info.value
+            )
+            assert all(s.steps == 0 and s.kv_blocks_free == s.kv_blocks_total for s in engine.stats().values())
+            out = await engine.generate([5] * 40, SamplingParams(max_tokens=20, ignore_eos=True))
+            assert len(out.token_ids) == 20  # 60 tokens fit both pools
 
     anyio.run(main)

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.policies import Policy, Route, RStitch, StepResult
+from tokenrouter.policies import RStitch
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import wait_all_free
+from .helpers import EveryK, wait_all_free
 
 TAU = TINY_PAIR_TAU
 
@@ -85,34 +85,6 @@ def test_rstitch_equals_reference(pair, ref_models, tokenizer, concurrency):
     stats = outs["stats"]
     assert stats["large"].handoffs_received > 0 and stats["small"].handoffs_received > 0
     assert handoffs >= len(reqs)  # routing happened in both directions, many times
-
-
-class EveryK(Policy):
-    """A custom policy: keep every token, and move to the other model after every k-th one.
-
-    It carries its own field across hand-offs (how many times the request moved).
-    """
-
-    def __init__(self, k: int):
-        self.k = k
-
-    @property
-    def models(self):
-        return ["small", "large"]
-
-    def route(self, result: StepResult) -> Route:
-        move = (result.num_generated + 1) % self.k == 0
-        other = 1 - result.model_index
-        next_model = torch.where(move, other, result.model_index)
-        for state, m in zip(result.states, move.tolist()):
-            if m:
-                state["moves"] = state.get("moves", 0) + 1
-        return Route(keep=torch.ones_like(move), next_model=next_model)
-
-    def send(self, msg, state):
-        msg = super().send(msg, state)
-        assert msg.tokens, "a hand-off always carries the tokens the peer has not seen"
-        return msg
 
 
 def test_custom_policy_equals_reference(pair, ref_models, tokenizer):

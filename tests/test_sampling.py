@@ -4,7 +4,6 @@ import json
 import shutil
 
 import anyio
-import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams

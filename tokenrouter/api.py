@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -47,6 +49,13 @@ def _default_models(policy: Policy) -> dict[str, ModelSpec]:
     return {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m])) for m in policy.models}
 
 
+@dataclass(frozen=True)
+class EngineHealth:
+    healthy: bool  # running, with every worker alive
+    running: bool  # started and not closed
+    workers: dict[str, str]  # per model: "ok", "stopped", "stuck: ..." or the error that killed it
+
+
 class Engine:
     """In-process serving of one or more models under a routing policy.
 
@@ -84,10 +93,10 @@ class Engine:
         if models is None:
             policy = RStitch(tau=0.03) if policy is None else policy
             models = _default_models(policy)
-        if not models:
-            raise ConfigError("models: give at least one model, e.g. Engine(models={'m': 'path/to/model'})")
         if not isinstance(models, Mapping):
             raise ConfigError(f"models: must be a dict of name -> path or ModelSpec, got {type(models).__name__}")
+        if not models:
+            raise ConfigError("models: give at least one model, e.g. Engine(models={'m': 'path/to/model'})")
         self.specs: dict[str, ModelSpec] = {}
         for name, value in models.items():
             if not isinstance(name, str) or not name:
@@ -108,12 +117,15 @@ class Engine:
         missing = [m for m in policy.models if m not in self.specs]
         if missing:
             raise ConfigError(f"policy: names model(s) {missing} that are not in models {sorted(self.specs)}")
+        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)):
+            raise ConfigError(f"num_threads: must be an int or None, got {type(num_threads).__name__}")
         if num_threads is not None and num_threads < 1:
-            raise ConfigError("num_threads: must be >= 1")
-        if stop_timeout <= 0:
-            raise ConfigError("stop_timeout: must be > 0")
-        if not (batch_wait_s >= 0):
-            raise ConfigError("batch_wait_s: must be >= 0")
+            raise ConfigError(f"num_threads: must be >= 1, got {num_threads}")
+        for param, seconds, zero_ok in (("stop_timeout", stop_timeout, False), ("batch_wait_s", batch_wait_s, True)):
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
+                raise ConfigError(f"{param}: must be a number of seconds, got {type(seconds).__name__}")
+            if not (0 <= seconds < float("inf")) or (seconds == 0 and not zero_ok):
+                raise ConfigError(f"{param}: must be finite and {'>= 0' if zero_ok else '> 0'}, got {seconds!r}")
         if mode not in ("routed", "standard", "lockstep"):
             raise ConfigError(f"mode: must be 'routed', 'standard' or 'lockstep', got {mode!r}")
         self.mode = mode
@@ -127,13 +139,14 @@ class Engine:
         self._channels: dict[str, RequestChannel] = {}
         self._requests: dict[str, Request] = {}
         self._running = False
+        self.stuck_workers: list[str] = []  # workers the last close() had to abandon
 
     def _batch_min(self, delayed_batching) -> dict[str, int]:
         """B per model for delayed batching: None means step as soon as anything is ready (B = 1)."""
         if delayed_batching is None:
             return {name: 1 for name in self.specs}
         if isinstance(delayed_batching, Mapping):
-            unknown = sorted(set(delayed_batching) - set(self.specs))
+            unknown = sorted(set(delayed_batching) - set(self.specs), key=repr)
             if unknown:
                 raise ConfigError(f"delayed_batching: names unknown model(s) {unknown}")
             values = {name: delayed_batching.get(name, 1) for name in self.specs}
@@ -210,13 +223,20 @@ class Engine:
         for worker in self.workers.values():
             worker.stop()
         stuck = []
+        deadline = time.monotonic() + self.stop_timeout  # one deadline for all: exit never waits longer
         for name, worker in self.workers.items():
-            if not await anyio.to_thread.run_sync(worker.join, self.stop_timeout):
+            left = max(0.0, deadline - time.monotonic())
+            if not await anyio.to_thread.run_sync(worker.join, left):
                 stuck.append(name)
         self.workers.clear()
         self.loaded.clear()
+        self.stuck_workers = stuck
         if stuck:
-            log.error("worker(s) %s did not stop within %.0f s and were abandoned", stuck, self.stop_timeout)
+            log.error("worker(s) %s did not stop within %.1f s and were abandoned", stuck, self.stop_timeout)
+            # Their requests would otherwise wait forever: end them here.
+            error = f"the engine closed while worker(s) {stuck} were stuck"
+            for rid, channel in list(self._channels.items()):
+                channel.push(WorkerEvent(rid, [], stuck[0], finish_reason="abort", error=error))
 
     # ---- requests --------------------------------------------------------------------------
     def _dispatch(self, events: list[WorkerEvent]) -> None:
@@ -256,6 +276,25 @@ class Engine:
             max_tokens=min(params.max_tokens, entry.max_model_len - len(ids)),
         )
 
+    def _check_admissible(self, req: Request) -> None:
+        """Every model the request may visit is serving, and its pool can hold the whole request."""
+        for name in self.policy.models:
+            worker = self.workers[name]
+            if not worker.alive:
+                raise EngineNotRunningError(
+                    f"worker {name!r} is not running ({worker.error or 'stopped'}); close the engine and start it again"
+                )
+        need = len(req.prompt_ids) + req.max_tokens
+        for name in self.policy.models:
+            holds = self.workers[name].blocks.capacity_tokens
+            if need > holds:
+                field = "prompt" if len(req.prompt_ids) >= holds else "max_tokens"
+                raise InvalidRequestError(
+                    field,
+                    f"the request needs KV for {need} tokens (prompt {len(req.prompt_ids)} + max_tokens "
+                    f"{req.max_tokens}), but model {name!r}'s pool holds {holds} tokens",
+                )
+
     async def _follow(self, req: Request) -> AsyncIterator[tuple[StreamDelta, OutputProcessor]]:
         """Submit a request and yield its deltas until it has ended on every worker."""
         channel = RequestChannel(req.request_id)
@@ -268,13 +307,17 @@ class Engine:
                 raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
             while not proc.worker_done:
                 for ev in await channel.get():
-                    delta = proc.process(ev)
+                    try:
+                        delta = proc.process(ev)
+                    except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only
+                        log.exception("request %s: building its output failed", req.request_id)
+                        delta = proc.fail(f"building the output failed: {type(e).__name__}: {e}", ev)
                     if ev.resubmit is not None:  # standard-serving baseline: the client re-sends
                         self._resubmit(ev.resubmit, req, proc)
                     if delta is not None:
                         yield delta, proc
                 if proc.done and not proc.worker_done and not aborted:
-                    self._abort_everywhere(req)  # a stop string ended it
+                    self._abort_everywhere(req)  # a stop string or a failure here ended it
                     aborted = True
         finally:
             if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere
@@ -297,6 +340,7 @@ class Engine:
     ) -> RequestOutput:
         """Run a request to its end. A failed request returns finish_reason 'error' with `error` set."""
         req = self._new_request(prompt, params, request_id)
+        self._check_admissible(req)
         proc = None
         async for _, proc in self._follow(req):
             pass
@@ -308,6 +352,7 @@ class Engine:
     ) -> AsyncIterator[StreamDelta]:
         """Yield text as it is produced; the last delta carries finish_reason. Leaving early aborts."""
         req = self._new_request(prompt, params, request_id)
+        self._check_admissible(req)
         follow = self._follow(req)
         try:
             async for delta, _ in follow:
@@ -322,6 +367,20 @@ class Engine:
             self._abort_everywhere(req)
 
     # ---- introspection ---------------------------------------------------------------------
+    def health(self) -> EngineHealth:
+        """Whether the engine can take requests; per worker "ok", "stopped", or why it died."""
+        workers = {}
+        for name in self.specs:
+            worker = self.workers.get(name)
+            if worker is None:
+                workers[name] = "stuck: did not stop when closed" if name in self.stuck_workers else "stopped"
+            elif worker.alive:
+                workers[name] = "ok"
+            else:
+                workers[name] = worker.error or "stopped"
+        healthy = self._running and all(v == "ok" for v in workers.values())
+        return EngineHealth(healthy=healthy, running=self._running, workers=workers)
+
     def stats(self) -> dict[str, WorkerStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings."""
         return {name: w.stats() for name, w in self.workers.items()}

@@ -1,6 +1,9 @@
 """Validated configuration: how to sample a request and how to run a model.
 
 Both are pydantic models so that bad values fail at construction with the field named.
+Numbers and flags are strict: an int field takes an int (not a bool, a float or a numeric
+string), a float field takes an int or a float (not a bool or a string, never NaN or an
+infinity), and a flag takes a bool (not 0/1 or "yes").
 """
 
 from __future__ import annotations
@@ -8,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 
@@ -21,17 +24,21 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int = Field(256, ge=1, description="Most tokens to generate.")
-    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, description="0 means greedy.")
-    top_k: int = Field(0, ge=0, description="Keep the k most likely tokens; 0 disables.")
-    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, description="Nucleus mass in (0, 1].")
-    min_p: float = Field(0.0, ge=0.0, le=1.0, allow_inf_nan=False, description="Drop tokens below min_p * max prob.")
-    seed: int | None = Field(None, ge=0, lt=2**63, description="Per-request seed; same seed, same samples.")
-    stop: list[str] = Field(default_factory=list, description="Stop strings; excluded from the text.")
-    stop_token_ids: list[int] = Field(default_factory=list, description="Extra token ids that end generation.")
-    ignore_eos: bool = Field(False, description="Keep generating past the model's EOS tokens.")
-    include_stop_str_in_output: bool = False
-    skip_special_tokens: bool = True
+    max_tokens: int = Field(256, ge=1, strict=True, description="Most tokens to generate.")
+    temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, strict=True, description="0 means greedy.")
+    top_k: int = Field(0, ge=0, strict=True, description="Keep the k most likely tokens; 0 disables.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, strict=True, description="Nucleus mass in (0, 1].")
+    min_p: float = Field(
+        0.0, ge=0.0, le=1.0, allow_inf_nan=False, strict=True, description="Drop tokens below min_p * max prob."
+    )
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, strict=True, description="Per-request seed; same seed, same samples."
+    )
+    stop: list[StrictStr] = Field(default_factory=list, description="Stop strings; excluded from the text.")
+    stop_token_ids: list[StrictInt] = Field(default_factory=list, description="Extra token ids that end generation.")
+    ignore_eos: bool = Field(False, strict=True, description="Keep generating past the model's EOS tokens.")
+    include_stop_str_in_output: bool = Field(False, strict=True)
+    skip_special_tokens: bool = Field(True, strict=True)
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -45,6 +52,11 @@ class SamplingParams(BaseModel):
     def _stop_not_empty(cls, v: list[str]) -> list[str]:
         if any(len(s) == 0 for s in v):
             raise ValueError("stop strings must be non-empty")
+        for s in v:
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError:
+                raise ValueError(f"stop string {s!r} is not valid Unicode (a lone surrogate)") from None
         return v
 
     @field_validator("stop_token_ids")
@@ -73,13 +85,27 @@ class ModelSpec(BaseModel):
     dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
     device: str = "cpu"
     tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
-    kv_cache_tokens: int | None = Field(None, ge=1)
-    kv_cache_bytes: int | None = Field(None, ge=1)
-    block_size: int = Field(16, ge=1, le=1024)
-    max_num_seqs: int = Field(64, ge=1, le=4096, description="Most requests in one batch.")
-    max_num_batched_tokens: int = Field(512, ge=1, description="Token budget of one step (chunked prefill).")
-    max_model_len: int | None = Field(None, ge=2, description="Context limit; default from the model config.")
-    enable_prefix_caching: bool = Field(True, description="Share KV blocks of common prefixes between requests.")
+    kv_cache_tokens: int | None = Field(None, ge=1, strict=True)
+    kv_cache_bytes: int | None = Field(None, ge=1, strict=True)
+    block_size: int = Field(16, ge=1, le=1024, strict=True)
+    max_num_seqs: int = Field(64, ge=1, le=4096, strict=True, description="Most requests in one batch.")
+    max_num_batched_tokens: int = Field(
+        512, ge=1, strict=True, description="Token budget of one step (chunked prefill)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, strict=True, description="Context limit; default from the model config."
+    )
+    enable_prefix_caching: bool = Field(
+        True, strict=True, description="Share KV blocks of common prefixes between requests."
+    )
+
+    @field_validator("path", "tokenizer", mode="before")
+    @classmethod
+    def _not_empty(cls, v):
+        """An empty string would become Path("."), the current directory: almost surely a mistake."""
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("is empty (it would mean the current directory)")
+        return v
 
     @field_validator("path", mode="before")
     @classmethod
@@ -125,5 +151,5 @@ class ModelSpec(BaseModel):
         if isinstance(value, ModelSpec):
             return value
         if isinstance(value, (str, Path)):
-            return cls(path=Path(value))
+            return cls(path=value)
         raise TypeError(f"a model must be a path or a ModelSpec, got {type(value).__name__}")

@@ -14,10 +14,15 @@ CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
 
 def _check_text(field: str, text: str) -> None:
+    """Text must be encodable as UTF-8 and free of NUL; other control characters (tab, newline,
+    ANSI escapes, ...) are ordinary text and pass."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as e:
         raise InvalidRequestError(field, f"is not valid Unicode (character {e.start} is a lone surrogate)") from e
+    nul = text.find("\x00")
+    if nul >= 0:
+        raise InvalidRequestError(field, f"contains a NUL character (at {nul}); is it binary data?")
 
 
 def _check_messages(messages: Sequence[ChatMessage]) -> None:
@@ -25,8 +30,10 @@ def _check_messages(messages: Sequence[ChatMessage]) -> None:
         if not isinstance(m, Mapping):
             raise InvalidRequestError(f"prompt[{i}]", f"a chat message must be a dict, got {type(m).__name__}")
         role = m.get("role")
-        if role not in CHAT_ROLES:
-            raise InvalidRequestError(f"prompt[{i}].role", f"unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise InvalidRequestError(
+                f"prompt[{i}].role", f"unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}"
+            )
         content = m.get("content")
         if not isinstance(content, str) and not (role == "assistant" and content is None):
             raise InvalidRequestError(f"prompt[{i}].content", "must be a string")
@@ -44,7 +51,7 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int
             raise InvalidRequestError("prompt", "is empty")
         _check_text("prompt", prompt)
         ids = tokenizer.encode(prompt, add_special_tokens=True)
-    elif isinstance(prompt, (bytes, bytearray)):
+    elif isinstance(prompt, (bytes, bytearray, memoryview)):
         raise InvalidRequestError("prompt", "must be str, not bytes; decode it first")
     elif isinstance(prompt, Sequence):
         if len(prompt) == 0:
@@ -54,16 +61,24 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int
             bad = [t for t in ids if t < 0 or t >= vocab_size]
             if bad:
                 raise InvalidRequestError("prompt", f"token id {bad[0]} is outside the vocabulary [0, {vocab_size})")
-        elif all(isinstance(m, Mapping) for m in prompt):
-            _check_messages(prompt)
+        elif isinstance(prompt[0], Mapping):
+            _check_messages(prompt)  # names the first message that is not a dict
             if getattr(tokenizer, "chat_template", None) is None:
                 raise InvalidRequestError("prompt", "chat messages need a chat template, and this tokenizer has none")
-            ids = tokenizer.apply_chat_template(list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False)
+            ids = tokenizer.apply_chat_template(
+                list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False
+            )
             ids = list(ids)
         else:
-            raise InvalidRequestError("prompt", "a list prompt must be all token ids (int) or all chat messages (dict)")
+            i, t = next((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, int))
+            raise InvalidRequestError(
+                "prompt",
+                f"a list prompt must be all token ids (int) or all chat messages (dict); item {i} is {type(t).__name__}",
+            )
     else:
-        raise InvalidRequestError("prompt", f"must be a str, a list of token ids or chat messages, got {type(prompt).__name__}")
+        raise InvalidRequestError(
+            "prompt", f"must be a str, a list of token ids or chat messages, got {type(prompt).__name__}"
+        )
     if not ids:
         raise InvalidRequestError("prompt", "encodes to zero tokens")
     if len(ids) >= max_model_len:

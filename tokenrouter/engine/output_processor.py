@@ -77,6 +77,14 @@ class OutputProcessor:
             output=self.output() if self.done else None,
         )
 
+    def fail(self, error: str, ev: WorkerEvent) -> StreamDelta:
+        """End the output with an error raised while building it; the last delta carries it."""
+        if ev.finish_reason is not None:
+            self.worker_done = True
+        self.finish_reason, self.error = "error", error
+        self.t_end = time.monotonic()
+        return StreamDelta(self.req.request_id, "", [], None, "error", error, self.output())
+
     def _append_text(self, new_text: str) -> bool:
         """Add stable text; cut it at a stop string and return True if one appeared."""
         if not new_text:

@@ -16,7 +16,7 @@ from collections import OrderedDict, deque
 
 from .block_manager import BlockManager
 from .model_runner import ScheduledBatch
-from .sequence import Sequence, SeqStatus
+from .sequence import SeqStatus, Sequence
 
 
 class PoolTooSmall(Exception):

@@ -28,7 +28,7 @@ from .model_loader import LoadedModel, load_model
 from .model_runner import ModelRunner, ScheduledBatch
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
-from .sequence import Request, Sequence, SeqStatus
+from .sequence import Request, SeqStatus, Sequence
 from .torch_attention import TorchPagedAttention
 
 log = logging.getLogger(__name__)
@@ -336,11 +336,13 @@ class Worker:
         seq.stalls = msg.stalls
 
     def _end_all(self, reason: str, error: str | None) -> None:
+        """End every request this worker owns, and drop its pending copies (the owner ends those)."""
         events = []
         for seq in list(self.seqs.values()):
             owner = seq.status is not SeqStatus.PENDING
             self.scheduler.remove(seq)
             if owner:
+                self._release_peers(seq.request_id)  # free its pending copies on the other workers
                 events.append(self._event(seq, finish_reason=reason, error=error))
         self.seqs.clear()
         if events:

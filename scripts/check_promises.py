@@ -1,0 +1,212 @@
+"""Show that each reliability test fails when its promise is broken.
+
+    .venv/bin/python scripts/check_promises.py [NAME ...]
+
+For every promise of docs/reliability.md this applies one small mutation that breaks it to a
+copy of the source tree, runs the tests that guard the promise on that copy, and expects them
+to FAIL (a run that hangs past the limit counts as failing too). The unmodified tree must pass
+the same tests first. Takes about ten minutes on two cores; not part of the test suite.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+LIMIT_S = 300
+
+
+@dataclass(frozen=True)
+class Mutation:
+    name: str
+    promise: str
+    path: str  # file to change, relative to the repository root
+    old: str
+    new: str
+    tests: tuple[str, ...]  # pytest arguments that must fail once the mutation is in
+
+
+MUTATIONS = [
+    Mutation(
+        "abort-keeps-pending-kv",
+        "an abort frees the request's KV on every worker, pending copies included",
+        "tokenrouter/engine/worker.py",
+        "                    owner = seq.status is not SeqStatus.PENDING\n                    self._release(seq)\n"
+        "                    if owner:\n",
+        "                    owner = seq.status is not SeqStatus.PENDING\n                    if owner:\n"
+        "                        self._release(seq)\n",
+        ("tests/test_cancellation.py", "-k", "pending_at_peer"),
+    ),
+    Mutation(
+        "leaving-does-not-abort",
+        "cancelling the caller's task or leaving a stream aborts the request everywhere",
+        "tokenrouter/api.py",
+        "            if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere\n"
+        "                self._abort_everywhere(req)\n",
+        "            pass\n",
+        ("tests/test_cancellation.py", "-k", "cancel_task or leave_stream"),
+    ),
+    Mutation(
+        "handoff-after-abort-runs",
+        "a hand-off that arrives after its request was aborted is ended, not run",
+        "tokenrouter/engine/worker.py",
+        "        if req.aborted or self._stopping or self._closed:",
+        "        if self._stopping or self._closed:",
+        ("tests/test_cancellation.py", "-k", "handing_off"),
+    ),
+    Mutation(
+        "close-forgets-requests",
+        "closing the engine ends every request in flight",
+        "tokenrouter/engine/worker.py",
+        '        self._end_all("abort" if self.error is None else "error", self.error)\n',
+        "        pass\n",
+        ("tests/test_cancellation.py", "-k", "engine_exit"),
+    ),
+    Mutation(
+        "dead-worker-keeps-peer-kv",
+        "a dying worker's requests fail with the cause and free their KV on the other workers",
+        "tokenrouter/engine/worker.py",
+        "                self._release_peers(seq.request_id)  # free its pending copies on the other workers\n",
+        "",
+        ("tests/test_faults.py", "-k", "dead_worker"),
+    ),
+    Mutation(
+        "dead-worker-accepts-requests",
+        "with a worker gone, new requests get a clear error at once",
+        "tokenrouter/api.py",
+        "            if not worker.alive:\n                raise EngineNotRunningError(",
+        "            if False:\n                raise EngineNotRunningError(",
+        ("tests/test_faults.py", "-k", "dead_worker"),
+    ),
+    Mutation(
+        "failed-forward-kills-worker",
+        "an exception in a forward fails that batch's requests only",
+        "tokenrouter/engine/worker.py",
+        "            except Exception as e:  # a failed forward fails its batch, not the worker\n",
+        "            except ZeroDivisionError as e:\n",
+        ("tests/test_faults.py", "-k", "failed_forward"),
+    ),
+    Mutation(
+        "output-failure-escapes",
+        "a failure while building a request's output fails that request only",
+        "tokenrouter/api.py",
+        "                    except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only\n",
+        "                    except ZeroDivisionError as e:\n",
+        ("tests/test_faults.py", "-k", "building_the_output"),
+    ),
+    Mutation(
+        "stuck-close-strands-callers",
+        "closing never hangs: requests on a worker that will not stop are ended",
+        "tokenrouter/api.py",
+        '                channel.push(WorkerEvent(rid, [], stuck[0], finish_reason="abort", error=error))\n',
+        "                pass\n",
+        ("tests/test_faults.py", "-k", "stuck"),
+    ),
+    Mutation(
+        "ends-twice",
+        "every request ends exactly once",
+        "tokenrouter/engine/worker.py",
+        "        events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n",
+        "        events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n"
+        "        events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
+        ("tests/test_load.py",),
+    ),
+    Mutation(
+        "eviction-forgets-to-recompute",
+        "under memory pressure, evicted requests recompute and outputs stay the same",
+        "tokenrouter/engine/block_manager.py",
+        "        seq.block_table = []\n        seq.num_computed = 0\n",
+        "        seq.block_table = []\n        seq.num_computed = min(seq.num_computed, 1)\n",
+        ("tests/test_load.py", "tests/test_routing.py::test_eviction_of_pending_requests_keeps_outputs"),
+    ),
+    Mutation(
+        "too-big-admitted",
+        "a request that cannot fit even alone fails at once, saying what it needs and what the pool holds",
+        "tokenrouter/api.py",
+        "            if need > holds:\n",
+        "            if False:\n",
+        ("tests/test_kv_pool.py",),
+    ),
+    Mutation(
+        "channel-not-thread-safe",
+        "several event loops in several threads can use one engine at once",
+        "tokenrouter/engine/request_channel.py",
+        "            self._call_soon(self._set)\n",
+        "            self._set()  # from the worker thread: not safe, and no wake-up\n",
+        ("tests/test_concurrency.py", "-k", "several_event_loops"),
+    ),
+    Mutation(
+        "nul-accepted",
+        "bad input is refused before it reaches a worker",
+        "tokenrouter/prompts.py",
+        '"\\x00"',
+        '"\\x01\\x02"',
+        ("tests/test_bad_input.py",),
+    ),
+]
+
+
+def copy_tree(dest: Path) -> None:
+    files = subprocess.run(
+        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout.split()  # fmt: skip
+    for f in files:
+        src = ROOT / f
+        if src.is_file():
+            (dest / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, dest / f)
+
+
+def run_tests(tree: Path, tests: tuple[str, ...]) -> tuple[bool, str]:
+    """(passed, last lines); a run past the limit counts as not passed."""
+    env = {**os.environ, "PYTHONPATH": str(tree), "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests]
+    try:
+        proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=LIMIT_S)
+    except subprocess.TimeoutExpired:
+        return False, f"hung past {LIMIT_S} s"
+    lines = (proc.stdout + proc.stderr).strip().splitlines()
+    return proc.returncode == 0, lines[-1] if lines else ""
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("names", nargs="*", help="mutations to check (default: all)")
+    args = parser.parse_args()
+    chosen = [m for m in MUTATIONS if not args.names or m.name in args.names]
+    ok = True
+    with tempfile.TemporaryDirectory(prefix="tokenrouter-promises-") as tmp:
+        for m in chosen:
+            tree = Path(tmp) / m.name
+            copy_tree(tree)
+            passed, tail = run_tests(tree, m.tests)
+            if not passed:
+                print(f"[BASELINE FAILS] {m.name}: {' '.join(m.tests)}: {tail}")
+                ok = False
+                continue
+            target = tree / m.path
+            text = target.read_text()
+            if text.count(m.old) != 1:
+                print(f"[STALE] {m.name}: the text to mutate is not in {m.path} exactly once")
+                ok = False
+                continue
+            target.write_text(text.replace(m.old, m.new))
+            t0 = time.monotonic()
+            passed, tail = run_tests(tree, m.tests)
+            verdict = "caught" if not passed else "NOT CAUGHT"
+            ok &= not passed
+            print(f"[{verdict}] {m.name} ({m.promise}): {' '.join(m.tests)} -> {tail} ({time.monotonic() - t0:.0f} s)")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

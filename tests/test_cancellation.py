@@ -1,0 +1,188 @@
+"""Cancellation in every state of a routed request, by every means a caller has.
+
+States: waiting (admitted, not yet scheduled), prefilling (between chunks), decoding, handing
+off (cancelled during the step that sends it to the peer, so the hand-off arrives after the
+abort), pending at a peer (its KV kept on the model it left), and in the middle of a hand-off
+(the message posted to the peer's inbox, not yet taken). Means: `abort()`, cancelling the caller's task, leaving a
+stream early, and closing the engine. A `StepGate` freezes the worker in the state, the request
+is cancelled, the gate opens. Then: the caller saw a clean end, every worker's KV is free, the
+engine tracks nothing, and a bystander request running alongside got exactly the reference
+output (closing the engine ends the bystander too, and the engine starts again).
+"""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+import torch
+
+from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.testing import load_reference_models, reference_generate
+
+from .helpers import EveryK, StepGate, holds_nothing, wait_all_free
+
+K = 4  # the policy moves the request to the other model after every K tokens
+POLICY = EveryK(K)
+VICTIM_PROMPT = [(7 * i) % 300 + 3 for i in range(100)]  # long: prefilled in chunks of 16
+BYSTANDER_PROMPT = [11, 12, 13, 14, 15]
+BYSTANDER = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
+VICTIM = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
+
+
+def _seq(worker, rid="victim"):
+    return worker.seqs.get(rid)
+
+
+def _waiting(w):
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.WAITING and s.num_computed == 0
+
+
+def _prefilling(w):
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.RUNNING and 0 < s.num_computed < len(VICTIM_PROMPT)
+
+
+def _decoding(w):
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.RUNNING and 2 <= s.num_generated < K
+
+
+def _handing_off(w):  # this step writes the K-th token and hands the request to the large model
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.RUNNING and s.num_generated == K - 1
+
+
+def _pending_at_peer(w):  # gated on the large model: the victim runs there, its KV kept on the small one
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.RUNNING and s.num_generated > K
+
+
+def _bystander_on_large(w):
+    s = _seq(w, "bystander")
+    return s is not None and s.status is SeqStatus.RUNNING
+
+
+# state -> (the worker to gate, predicate, the victim starts only once the gate is hit)
+STATES = {
+    "waiting": ("small", _waiting, False),
+    "prefilling": ("small", _prefilling, False),
+    "decoding": ("small", _decoding, False),
+    "handing_off": ("small", _handing_off, False),  # the hand-off is sent after the cancellation
+    "pending_at_peer": ("large", _pending_at_peer, False),
+    "mid_handoff": ("large", _bystander_on_large, True),
+}
+MEANS = ["abort", "cancel_task", "leave_stream", "engine_exit"]
+CASES = [
+    (state, means)
+    for state in STATES
+    for means in MEANS
+    # Leaving a stream happens between deltas: a request with no token yet has none to leave at.
+    if not (means == "leave_stream" and state in ("waiting", "prefilling"))
+]
+
+
+@pytest.fixture(scope="module")
+def bystander_ref(tiny_pair):
+    models = load_reference_models(tiny_pair, torch.float64)
+    return reference_generate(POLICY, models, BYSTANDER_PROMPT, BYSTANDER)
+
+
+def _specs(pair):
+    base = dict(dtype="float64", kv_cache_tokens=1024, block_size=8, max_num_batched_tokens=16)
+    return {name: ModelSpec(path=path, **base) for name, path in pair.items()}
+
+
+@pytest.mark.parametrize("state, means", CASES, ids=[f"{s}-{m}" for s, m in CASES])
+def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
+    gated, predicate, victim_after_gate = STATES[state]
+
+    async def main():
+        engine = Engine(models=_specs(tiny_pair), policy=POLICY, num_threads=1)
+        await engine.start()
+        old_workers = list(engine.workers.values())
+        gate = StepGate(engine.workers[gated], predicate)
+        result: dict = {}
+        leave = anyio.Event()
+
+        async def bystander():
+            result["bystander"] = await engine.generate(BYSTANDER_PROMPT, BYSTANDER, request_id="bystander")
+
+        async def victim(scope_box):
+            with anyio.CancelScope() as scope:
+                scope_box.append(scope)
+                if means == "leave_stream":
+                    n = 0
+                    async for delta in engine.stream(VICTIM_PROMPT, VICTIM, request_id="victim"):
+                        n += len(delta.token_ids)
+                        if n >= 1:
+                            await leave.wait()
+                            break
+                    result["victim"] = "left"
+                else:
+                    result["victim"] = await engine.generate(VICTIM_PROMPT, VICTIM, request_id="victim")
+            result["victim_cancelled"] = scope.cancelled_caught
+
+        scope_box: list = []
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(bystander)
+            if victim_after_gate:
+                await gate.wait_hit()  # the large model is busy with the bystander...
+                tg.start_soon(victim, scope_box)
+                large = engine.workers["large"]
+                for _ in range(2000):  # ...while the victim's hand-off waits in its inbox
+                    if any(kind == "handoff" and p[0].request_id == "victim" for kind, p in list(large._inbox)):
+                        break
+                    await anyio.sleep(0.005)
+                else:
+                    raise AssertionError("the victim's hand-off never reached the large model's inbox")
+            else:
+                tg.start_soon(victim, scope_box)
+                await gate.wait_hit()
+
+            if means == "abort":
+                await engine.abort("victim")
+            elif means == "cancel_task":
+                while not scope_box:
+                    await anyio.sleep(0.001)
+                scope_box[0].cancel()
+            elif means == "leave_stream":
+                leave.set()
+            if means == "engine_exit":
+                async with anyio.create_task_group() as closing:
+                    closing.start_soon(engine.close)
+                    await anyio.sleep(0.05)
+                    gate.open()
+            else:
+                await anyio.sleep(0.02)  # let the cancellation reach the workers while frozen
+                gate.open()
+
+        if means == "engine_exit":
+            assert result["victim"].finish_reason == "abort"
+            by = result["bystander"]  # an engine exit ends everyone still running
+            assert by.finish_reason == "abort" or by.token_ids == bystander_ref.token_ids
+            assert all(not w.alive and w.blocks.num_free == w.blocks.num_blocks for w in old_workers)
+            assert engine.health().workers == {"small": "stopped", "large": "stopped"}
+            await engine.start()  # and it starts again
+            out = await engine.generate(BYSTANDER_PROMPT, BYSTANDER)
+            assert out.token_ids == bystander_ref.token_ids
+            await wait_all_free(engine)
+            assert holds_nothing(engine)
+            await engine.close()
+            return
+
+        if means == "abort":
+            assert result["victim"].finish_reason == "abort"
+        elif means == "cancel_task":
+            assert result["victim_cancelled"] and "victim" not in result
+        else:
+            assert result["victim"] == "left"
+        await wait_all_free(engine)  # KV free in every worker, nothing running, waiting or pending
+        assert holds_nothing(engine)
+        by = result["bystander"]
+        assert by.token_ids == bystander_ref.token_ids and by.token_models == bystander_ref.token_models
+        assert engine.health().healthy
+        await engine.close()
+
+    anyio.run(main)
