@@ -12,6 +12,8 @@ output (closing the engine ends the bystander too, and the engine starts again).
 
 from __future__ import annotations
 
+from collections import Counter
+
 import anyio
 import pytest
 import torch
@@ -83,6 +85,23 @@ CASES = [
 ]
 
 
+def _count_late_tokens(engine, gate):
+    """Tokens each request produced after the gate opened (at most the frozen step's one token,
+    if it was cancelled while frozen)."""
+    late: Counter = Counter()
+    for worker in engine.workers.values():
+        sink = worker.sink
+
+        def counting(events, sink=sink):
+            if gate.opened.is_set():
+                for ev in events:
+                    late[ev.request_id] += len(ev.token_ids)
+            sink(events)
+
+        worker.sink = counting
+    return late
+
+
 @pytest.fixture(scope="module")
 def bystander_ref(tiny_pair):
     models = load_reference_models(tiny_pair, torch.float64)
@@ -103,6 +122,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
         await engine.start()
         old_workers = list(engine.workers.values())
         gate = StepGate(engine.workers[gated], predicate)
+        late_tokens = _count_late_tokens(engine, gate)
         result: dict = {}
         leave = anyio.Event()
 
@@ -180,6 +200,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
             assert result["victim"] == "left"
         await wait_all_free(engine)  # KV free in every worker, nothing running, waiting or pending
         assert holds_nothing(engine)
+        assert late_tokens["victim"] <= 1, "the victim kept running after it was cancelled"
         by = result["bystander"]
         assert by.token_ids == bystander_ref.token_ids and by.token_models == bystander_ref.token_models
         assert engine.health().healthy

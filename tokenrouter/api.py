@@ -22,7 +22,7 @@ from .engine.sequence import Request
 from .engine.worker import Worker, WorkerEvent, WorkerStats
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
 from .outputs import RequestOutput, StreamDelta
-from .policies import ENTROPY, Policy, RStitch, Single
+from .policies import STEP_FIELDS, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
 
 log = logging.getLogger(__name__)
@@ -111,7 +111,7 @@ class Engine:
             policy = Single(next(iter(self.specs)))
         if not isinstance(policy, Policy):
             raise ConfigError(f"policy: must be a Policy, got {type(policy).__name__}")
-        unknown = sorted(set(policy.requires) - {ENTROPY})
+        unknown = sorted(set(policy.requires) - STEP_FIELDS)
         if unknown:
             raise ConfigError(f"policy: requires step-result fields {unknown} that the engine does not provide")
         missing = [m for m in policy.models if m not in self.specs]
@@ -194,6 +194,7 @@ class Engine:
                 self.loaded[name] = await anyio.to_thread.run_sync(worker.wait_ready)
             self.workers = workers
             self._check_tokenizers()
+            self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
         except BaseException:
             for worker in workers.values():
                 worker.stop()

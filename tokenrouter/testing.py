@@ -154,9 +154,10 @@ def reference_generate(
     `receive` are applied exactly as the engine applies them, and sampling uses the engine's
     sampler, so seeded sampling matches too. EOS comes from each model's generation_config.
     """
+    from .engine.model_runner import HiddenCapture
     from .engine.sampler import Sampler, SamplingTensors
     from .engine.worker import MAX_STALLS
-    from .policies.base import ENTROPY, PeerMessage, StepResult, normalized_entropy
+    from .policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, normalized_entropy
 
     names = policy.models
     tokens = list(prompt_ids)
@@ -175,49 +176,58 @@ def reference_generate(
     def done(reason: str) -> ReferenceOutput:
         return ReferenceOutput(tokens[len(prompt_ids) :], written, handoffs, reason, last)
 
-    while True:
-        model = models[current]
-        last[current] = len(tokens)
-        logits = model(torch.tensor([tokens])).logits[0, -1:]
-        generated = len(tokens) - len(prompt_ids)
-        if params.temperature == 0.0:
-            token = logits.argmax(dim=-1)
-        else:
-            token = sampler(logits, SamplingTensors.build([params], [seed], [generated], logits.device))
-        keep, nxt = True, names.index(current)
-        if len(names) > 1:
-            result = StepResult(
-                model=current,
-                model_index=names.index(current),
-                request_ids=["reference"],
-                tokens=token,
-                logits=logits,
-                num_generated=torch.tensor([generated]),
-                states=[states[current]],
-                entropy=normalized_entropy(logits) if ENTROPY in policy.requires else None,
-            )
-            decision = policy.route(result)
-            keep, nxt = bool(decision.keep[0]), int(decision.next_model[0])
-        if keep:
-            t = int(token[0])
-            tokens.append(t)
-            written.append(current)
-            stalls = 0
-            if (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids:
-                return done("stop")
-            if len(tokens) - len(prompt_ids) >= max_tokens:
-                return done("length")
-        target = names[nxt]
-        if target == current:
-            if not keep:
-                raise RuntimeError("policy discarded a token without handing the request off")
-            continue
-        stalls += 0 if keep else 1
-        if stalls > MAX_STALLS:
-            raise RuntimeError("policy handed the request off repeatedly without a token")
-        msg = PeerMessage("reference", current, target, tokens[known.get((current, target), 0) :])
-        msg = policy.send(msg, states[current])
-        policy.receive(msg, states[target])
-        known[(current, target)] = known[(target, current)] = len(tokens)
-        handoffs += 1
-        current = target
+    captures = {name: HiddenCapture(m) for name, m in models.items()} if HIDDEN in policy.requires else {}
+    try:
+        while True:
+            model = models[current]
+            last[current] = len(tokens)
+            logits = model(torch.tensor([tokens])).logits[0, -1:]
+            hidden = captures[current].take()[0, -1:] if captures else None
+            generated = len(tokens) - len(prompt_ids)
+            if params.temperature == 0.0:
+                token = logits.argmax(dim=-1)
+            else:
+                token = sampler(logits, SamplingTensors.build([params], [seed], [generated], logits.device))
+            keep, nxt = True, names.index(current)
+            if len(names) > 1:
+                result = StepResult(
+                    model=current,
+                    model_index=names.index(current),
+                    request_ids=["reference"],
+                    tokens=token,
+                    logits=logits,
+                    num_generated=torch.tensor([generated]),
+                    states=[states[current]],
+                    entropy=normalized_entropy(logits) if ENTROPY in policy.requires else None,
+                    hidden=hidden,
+                    token_embedding=model.get_input_embeddings()(token) if TOKEN_EMBEDDING in policy.requires else None,
+                )
+                decision = policy.route(result)
+                keep, nxt = bool(decision.keep[0]), int(decision.next_model[0])
+            if keep:
+                t = int(token[0])
+                tokens.append(t)
+                written.append(current)
+                stalls = 0
+                if (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids:
+                    return done("stop")
+                if len(tokens) - len(prompt_ids) >= max_tokens:
+                    return done("length")
+            target = names[nxt]
+            if target == current:
+                if not keep:
+                    raise RuntimeError("policy discarded a token without handing the request off")
+                continue
+            stalls += 0 if keep else 1
+            if stalls > MAX_STALLS:
+                raise RuntimeError("policy handed the request off repeatedly without a token")
+            start = known.get((current, target), 0)
+            msg = PeerMessage("reference", current, target, tokens[start:], start=start)
+            msg = policy.send(msg, states[current])
+            policy.receive(msg, states[target])
+            known[(current, target)] = known[(target, current)] = len(tokens)
+            handoffs += 1
+            current = target
+    finally:
+        for capture in captures.values():  # leave the caller's models without our hooks
+            capture.remove()

@@ -29,15 +29,41 @@ class ForwardOutput:
     logits: torch.Tensor  # [len(sample_rows), vocab]
     sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
     model_time: float  # seconds inside the model's forward (the rest of a step is engine overhead)
+    hidden: torch.Tensor | None = None  # [len(sample_rows), H] last hidden states, when captured
+
+
+class HiddenCapture:
+    """Keeps the input of the model's output head: the last hidden states of the rows whose
+    logits are computed. A forward pre-hook, so any architecture transformers implements works
+    the same (its own final norm included) and nothing else is materialised."""
+
+    def __init__(self, model: torch.nn.Module):
+        self.hidden: torch.Tensor | None = None
+        head = model.get_output_embeddings()
+        if head is None:
+            raise ValueError(f"{type(model).__name__} has no output head to read hidden states from")
+        self._handle = head.register_forward_pre_hook(self._keep)
+
+    def remove(self) -> None:
+        self._handle.remove()
+
+    def _keep(self, module, args) -> None:
+        self.hidden = args[0]
+
+    def take(self) -> torch.Tensor:
+        hidden, self.hidden = self.hidden, None
+        assert hidden is not None, "the output head did not run"
+        return hidden
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, backend: AttentionBackend, block_size: int):
+    def __init__(self, loaded: LoadedModel, backend: AttentionBackend, block_size: int, capture_hidden: bool = False):
         self.loaded = loaded
         self.model = loaded.model
         self.backend = backend
         self.block_size = block_size
         self.device = loaded.device
+        self.capture = HiddenCapture(loaded.model) if capture_hidden else None
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         bs = self.block_size
@@ -113,4 +139,5 @@ class ModelRunner:
                 use_cache=False,
                 logits_to_keep=keep,
             )
-        return ForwardOutput(logits=out.logits[0], sample_rows=sample_rows, model_time=time.perf_counter() - t0)
+        hidden = self.capture.take()[0] if self.capture is not None else None
+        return ForwardOutput(out.logits[0], sample_rows, time.perf_counter() - t0, hidden)

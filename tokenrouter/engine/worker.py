@@ -21,7 +21,7 @@ import torch
 
 from ..config import ModelSpec
 from ..errors import ConfigError
-from ..policies.base import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
+from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVLayout
 from .model_loader import LoadedModel, load_model
@@ -153,7 +153,8 @@ class Worker:
             self.cache = KVCache(layout, num_blocks, spec.block_size, loaded.device)
             self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
             self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
-            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size)
+            capture = self.routing and HIDDEN in self.policy.requires
+            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size, capture)
             self.sampler = Sampler()
             self.loaded = loaded
         except BaseException as e:
@@ -324,12 +325,22 @@ class Worker:
             events.append(WorkerEvent(req.request_id, [], self.name, finish_reason="abort"))
             self._release_peers(req.request_id)
             return
+        held = len(seq.token_ids) if seq is not None else 0
+        if not msg.start <= held <= msg.start + len(msg.tokens):  # a gap, or the sender knows less than us
+            error = f"hand-off from {msg.source!r} carries tokens [{msg.start}, {msg.start + len(msg.tokens)}) but {self.name!r} holds {held}"
+            if seq is not None:
+                self._release(seq)
+            events.append(WorkerEvent(req.request_id, [], self.name, finish_reason="error", error=error))
+            self._release_peers(req.request_id)
+            return
+        # With three or more models a third one may have sent us part of the suffix already.
+        new_tokens = msg.tokens[held - msg.start :]
         if seq is None:
-            seq = Sequence(req, token_ids=list(msg.tokens))
+            seq = Sequence(req, token_ids=list(new_tokens))
             self.policy.receive(msg, seq.policy_state)
             self._admit(seq)
         else:
-            seq.token_ids.extend(msg.tokens)
+            seq.token_ids.extend(new_tokens)
             self.policy.receive(msg, seq.policy_state)
             self.scheduler.resume(seq)
         seq.peer_known[msg.source] = len(seq.token_ids)
@@ -425,7 +436,7 @@ class Worker:
         tokens = sampled.tolist()
         if self.routing:
             try:
-                keep, next_model = self._route(seqs, out.logits, sampled)
+                keep, next_model = self._route(seqs, out.logits, sampled, out.hidden)
             except Exception as e:  # a policy that raises fails the requests of this call only
                 log.exception("worker %r: policy.route failed", self.name)
                 msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
@@ -464,7 +475,7 @@ class Worker:
         ev = self._event(seq, new, handoff_to=name)
         events.append(ev)
         known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
-        msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], stalls=seq.stalls)
+        msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], start=known, stalls=seq.stalls)
         try:
             msg = self.policy.send(msg, seq.policy_state)
         except Exception as e:
@@ -478,7 +489,8 @@ class Worker:
         self.scheduler.park(seq)
         outgoing.append((self.peers[name], msg, seq.req))
 
-    def _route(self, seqs: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor) -> tuple[list, list]:
+    def _route(self, seqs: list[Sequence], logits: torch.Tensor, sampled: torch.Tensor, hidden) -> tuple[list, list]:
+        requires = self.policy.requires
         result = StepResult(
             model=self.name,
             model_index=self.model_index,
@@ -487,7 +499,9 @@ class Worker:
             logits=logits,
             num_generated=torch.tensor([s.num_generated for s in seqs]),
             states=[s.policy_state for s in seqs],
-            entropy=normalized_entropy(logits) if ENTROPY in self.policy.requires else None,
+            entropy=normalized_entropy(logits) if ENTROPY in requires else None,
+            hidden=hidden,
+            token_embedding=self.loaded.model.get_input_embeddings()(sampled) if TOKEN_EMBEDDING in requires else None,
         )
         decision = self.policy.route(result)
         n = len(seqs)

@@ -15,7 +15,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-ENTROPY = "entropy"
+# Optional step-result fields a policy may ask for in `Policy.requires`.
+ENTROPY = "entropy"  # normalized entropy of the next-token distribution
+HIDDEN = "hidden"  # the stepping model's last hidden state (what its output head sees)
+TOKEN_EMBEDDING = "token_embedding"  # the stepping model's input embedding of the sampled token
+STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING})
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -37,6 +41,8 @@ class StepResult:
     num_generated: torch.Tensor  # [B] tokens already generated before this one
     states: list[dict]  # the policy's per-request fields, mutable
     entropy: torch.Tensor | None = None  # [B] normalized entropy, if the policy requires ENTROPY
+    hidden: torch.Tensor | None = None  # [B, H] last hidden states, if the policy requires HIDDEN
+    token_embedding: torch.Tensor | None = None  # [B, H] sampled tokens' embeddings, if TOKEN_EMBEDDING
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -66,7 +72,8 @@ class PeerMessage:
     request_id: str
     source: str
     target: str
-    tokens: list[int]  # the suffix of the request's tokens the target has not seen
+    tokens: list[int]  # the suffix of the request's tokens the target has not seen (as far as the source knows)
+    start: int = 0  # position of tokens[0] in the request's whole sequence (prompt included)
     fields: dict = field(default_factory=dict)  # the policy's own fields
     stalls: int = 0  # hand-offs in a row that added no token (the engine's guard against ping-pong)
 
@@ -74,11 +81,15 @@ class PeerMessage:
 class Policy(ABC):
     """A routing algorithm. Subclasses name their models and implement `route`.
 
-    `requires` lists the optional step-result fields the policy reads (ENTROPY); the
-    engine computes only those.
+    `requires` lists the optional step-result fields the policy reads (ENTROPY, HIDDEN,
+    TOKEN_EMBEDDING); the engine computes only those.
     """
 
     requires: frozenset[str] = frozenset()
+
+    def validate(self, models: dict) -> None:
+        """Called at engine start with each model's `LoadedModel`: raise ConfigError if the policy
+        cannot serve these models (e.g. a learned router trained for another pair)."""
 
     @property
     @abstractmethod

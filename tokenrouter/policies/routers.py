@@ -1,0 +1,164 @@
+"""The router networks of the learned policies: small MLPs over the small model's step features.
+
+Their published weights cannot be had here (nor would they fit our models), so the project
+trains them itself (`tokenrouter label`, then `tokenrouter train-router`). A router is saved as a
+directory: `router.safetensors` (the weights) and `router.json` (a `RouterConfig`: the kind, the
+input sizes, the decision threshold picked at training, the model pair it was trained for and
+its held-out metrics). Loading checks all of it, so a corrupt or foreign router fails when the
+policy is built or the engine starts, never mid-request.
+
+- CITER: confidence that the small model's token is right, from its last hidden state.
+- R2R: probability that the small model's token diverges from the large model's, from the last
+  hidden state, the sampled token's embedding and the top-100 log-probabilities.
+- CoLLM: deferral probability from the small (base) model's last hidden state.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Literal
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from torch import nn
+
+from ..errors import ConfigError
+
+RouterKind = Literal["citer", "r2r", "collm"]
+R2R_TOP_K = 100
+CONFIG_FILE = "router.json"
+WEIGHTS_FILE = "router.safetensors"
+
+
+class ModelIdentity(BaseModel):
+    """Enough of a model to tell whether a router was trained for it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    hidden_size: int = Field(ge=1)
+    vocab_size: int = Field(ge=1)
+    fingerprint: str = Field(min_length=16, max_length=64)  # hash of its first embedding rows
+
+
+class RouterConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: RouterKind
+    hidden_size: int = Field(ge=1)
+    top_k: int = Field(R2R_TOP_K, ge=1)
+    width: int = Field(256, ge=1)
+    threshold: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
+    small: ModelIdentity
+    large: ModelIdentity
+    metrics: dict[str, float] = Field(default_factory=dict)
+
+    @property
+    def input_size(self) -> int:
+        return 2 * self.hidden_size + self.top_k if self.kind == "r2r" else self.hidden_size
+
+
+def model_identity(model: torch.nn.Module) -> ModelIdentity:
+    """Hidden size, vocabulary and a fingerprint of a model's weights (its first 16 embedding rows,
+    as float32), so that a router trained on another model of the same shape is caught too."""
+    emb = model.get_input_embeddings().weight
+    rows = emb[:16].detach().to("cpu", torch.float32).contiguous()
+    digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
+    return ModelIdentity(hidden_size=emb.shape[1], vocab_size=model.get_output_embeddings().weight.shape[0], fingerprint=digest)
+
+
+def router_features(
+    kind: str, hidden: torch.Tensor, token_embedding: torch.Tensor | None, logits: torch.Tensor | None, top_k: int
+) -> torch.Tensor:
+    """The router's input rows, [B, input_size], from a batch's step features (any float dtype)."""
+    hidden = hidden.float()
+    if kind != "r2r":
+        return hidden
+    assert token_embedding is not None and logits is not None
+    top = torch.log_softmax(logits.float(), dim=-1).topk(top_k, dim=-1).values  # sorted, most likely first
+    return torch.cat([hidden, token_embedding.float(), top], dim=-1)
+
+
+class RouterNet(nn.Module):
+    """LayerNorm, then a two-layer MLP, to one logit per row (its sigmoid is the router's probability).
+
+    For R2R the three parts (hidden state, token embedding, top-k log-probs) are normalised
+    separately, since their scales differ by orders of magnitude."""
+
+    def __init__(self, config: RouterConfig):
+        super().__init__()
+        self.config = config
+        h = config.hidden_size
+        self.parts = [h, h, config.top_k] if config.kind == "r2r" else [h]
+        self.norms = nn.ModuleList(nn.LayerNorm(n) for n in self.parts)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.input_size, config.width),
+            nn.GELU(),
+            nn.Linear(config.width, config.width),
+            nn.GELU(),
+            nn.Linear(config.width, 1),
+        )
+
+    def forward(self, features: torch.Tensor) -> torch.Tensor:
+        chunks = features.split(self.parts, dim=-1)
+        x = torch.cat([norm(c) for norm, c in zip(self.norms, chunks)], dim=-1)
+        return self.mlp(x).squeeze(-1)
+
+    @torch.no_grad()
+    def probability(self, features: torch.Tensor) -> torch.Tensor:
+        return torch.sigmoid(self.forward(features.to(next(self.parameters()).dtype)))
+
+
+def save_router(net: RouterNet, directory: str | Path) -> Path:
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
+    save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "kind": net.config.kind})
+    (out / CONFIG_FILE).write_text(net.config.model_dump_json(indent=2) + "\n")
+    return out
+
+
+def load_router(directory: str | Path, kind: RouterKind) -> RouterNet:
+    """Load and check a saved router; every problem is a ConfigError naming the file."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    path = Path(directory)
+    if not path.is_dir():
+        raise ConfigError(f"router: {path} is not a directory (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
+    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+    if not config_path.is_file():
+        raise ConfigError(f"router: {config_path} is missing; was the router saved by `tokenrouter train-router`?")
+    try:
+        config = RouterConfig.model_validate(json.loads(config_path.read_text()))
+    except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
+        raise ConfigError(f"router: {config_path} is not a valid router config: {e}") from None
+    if config.kind != kind:
+        raise ConfigError(f"router: {path} holds a {config.kind!r} router, not a {kind!r} one")
+    if not weights_path.is_file():
+        raise ConfigError(f"router: {weights_path} is missing")
+    try:
+        state = load_file(weights_path)
+    except (SafetensorError, OSError, ValueError) as e:
+        raise ConfigError(f"router: {weights_path} is corrupt: {e}") from None
+    net = RouterNet(config)
+    try:
+        net.load_state_dict(state)
+    except RuntimeError as e:
+        raise ConfigError(f"router: {weights_path} does not match {config_path}: {e}") from None
+    return net.eval()
+
+
+def check_pair(net: RouterNet, small: torch.nn.Module, large: torch.nn.Module, names: tuple[str, str]) -> None:
+    """The router must have been trained for exactly these two models."""
+    for role, model, want in (("small", small, net.config.small), ("large", large, net.config.large)):
+        have = model_identity(model)
+        if have != want:
+            raise ConfigError(
+                f"router: trained for a {role} model with hidden size {want.hidden_size}, vocabulary "
+                f"{want.vocab_size} and fingerprint {want.fingerprint}, but {names[role == 'large']!r} has "
+                f"{have.hidden_size}, {have.vocab_size} and {have.fingerprint}; train a router for this pair"
+            )
