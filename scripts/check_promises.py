@@ -120,6 +120,16 @@ MUTATIONS = [
         ("tests/test_load.py",),
     ),
     Mutation(
+        "abort-keeps-pending-kv-fuzz",
+        "random interleavings keep every invariant (here: pools end free)",
+        "tokenrouter/engine/worker.py",
+        "                    owner = seq.status is not SeqStatus.PENDING\n                    self._release(seq)\n"
+        "                    if owner:\n",
+        "                    owner = seq.status is not SeqStatus.PENDING\n                    if owner:\n"
+        "                        self._release(seq)\n",
+        ("tests/test_concurrency.py", "-k", "interleavings"),
+    ),
+    Mutation(
         "eviction-forgets-to-recompute",
         "under memory pressure, evicted requests recompute and outputs stay the same",
         "tokenrouter/engine/block_manager.py",

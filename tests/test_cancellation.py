@@ -206,4 +206,8 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
         assert engine.health().healthy
         await engine.close()
 
-    anyio.run(main)
+    async def bounded():
+        with anyio.fail_after(60):  # a broken promise fails the test instead of hanging it
+            await main()
+
+    anyio.run(bounded)

@@ -44,18 +44,23 @@ def pair_args(pair) -> list[str]:
 
 
 # ---- help and bad arguments --------------------------------------------------------------------
-@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["pull"], ["models"]])
+@pytest.mark.parametrize("command", [[], ["generate"], ["chat"], ["pull"], ["models"], ["label"], ["train-router"]])
 def test_every_help_is_complete(command, capsys):
     code, out, _ = run_cli([*command, "--help"], capsys)
     assert code == 0
     assert out.startswith("usage: tokenrouter")
     expected = {
-        (): ["generate", "chat", "pull", "models", "--version"],
+        (): ["generate", "chat", "pull", "models", "label", "train-router", "--version"],
         ("generate",): ["PROMPT".lower(), "--json", "--raw", "--policy", "--tau", "--model NAME=PATH", "--max-tokens",
-                        "--temperature", "--seed", "--threads", "--no-color", "--no-pull"],
+                        "--temperature", "--seed", "--threads", "--no-color", "--no-pull", "--router DIR", "--threshold",
+                        "--taus", "citer", "r2r", "collm", "escalation"],
         ("chat",): ["/reset", "--policy", "--tau", "--model NAME=PATH", "--max-tokens", "--temperature", "--seed"],
         ("pull",): ["demo", "smollm2", "qwen-coder-1.5b", "sha256"],
         ("models",): ["size"],
+        ("label",): ["--model NAME=PATH", "--data FILE.jsonl", "--python-corpus N", "--max-tokens-per-example",
+                     "--seed", "--out DIR", "--dtype", "--no-pull", "labels.safetensors", "labels.json", "FLOPs"],
+        ("train-router",): ["--policy {citer,r2r,collm}", "--labels DIR", "--out DIR", "--recall", "--large-share",
+                            "--epochs", "--seed", "--heldout", "AUC", "router.json", "router.safetensors"],
     }[tuple(command)]  # fmt: skip
     for word in expected:
         assert word in out, (word, out)

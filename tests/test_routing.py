@@ -222,8 +222,8 @@ def test_baseline_modes_give_the_same_tokens(pair, ref_models, tokenizer, mode, 
 def test_policy_requiring_an_unknown_field_is_rejected(pair):
     from tokenrouter.errors import ConfigError
 
-    class WantsHidden(RStitch):
-        requires = frozenset({"entropy", "hidden"})
+    class WantsAttention(RStitch):
+        requires = frozenset({"entropy", "attention_maps"})
 
-    with pytest.raises(ConfigError, match="hidden"):
-        Engine(models=pair, policy=WantsHidden(small="small", large="large"))
+    with pytest.raises(ConfigError, match="attention_maps"):
+        Engine(models=pair, policy=WantsAttention(small="small", large="large"))

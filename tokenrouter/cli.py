@@ -1,4 +1,5 @@
-"""The `tokenrouter` command (also `python -m tokenrouter`): generate, chat, pull, models.
+"""The `tokenrouter` command (also `python -m tokenrouter`): generate, chat, pull, models, and
+label / train-router (train the router of a learned policy on a model pair).
 
 Errors a user can fix (bad arguments, a missing model, a bad value) print one line and exit 2;
 an unexpected failure exits 1; Ctrl-C exits 130.
@@ -19,7 +20,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by
 from . import __version__, store
 from .errors import TokenRouterError
 
-POLICIES = ("rstitch", "single")
+POLICIES = ("rstitch", "single", "citer", "r2r", "collm", "escalation")
+LEARNED = ("citer", "r2r", "collm")
 COLOURS = ("\033[36m", "\033[35m", "\033[33m", "\033[32m")  # cyan, magenta, yellow, green; by policy order
 DIM, RESET = "\033[2m", "\033[0m"
 
@@ -53,21 +55,68 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _fraction(low_open: bool, high_open: bool):
+    """An argparse type: a float in [0, 1], with the ends open as asked."""
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+        lo, hi = ("(" if low_open else "["), (")" if high_open else "]")
+        if not (value > 0 if low_open else value >= 0) or not (value < 1 if high_open else value <= 1):
+            raise argparse.ArgumentTypeError(f"must be in {lo}0, 1{hi}, got {text}")
+        return value
+
+    return parse
+
+
+def _taus(text: str) -> list[float]:
+    try:
+        values = [float(t) for t in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated numbers such as 0.2,0.1, got {text!r}") from None
+    bad = [v for v in values if not 0.0 <= v <= 1.0]
+    if bad:
+        raise argparse.ArgumentTypeError(f"every tau must be in [0, 1], got {bad[0]}")
+    return values
+
+
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and routing")
     g.add_argument(
         "--policy", choices=POLICIES, default="rstitch",
-        help="routing policy: rstitch (default; small model, large one where the small one is unsure) "
-        "or single (one model, given with --model)",
+        help="routing policy: rstitch (default; small model, large one where the small one is unsure); "
+        "single (one model, given with --model); citer, r2r or collm (a learned router decides which "
+        "tokens the large model writes; give --router); escalation (two or more models, usually "
+        "three, smallest first, given with --model; --taus)",
     )  # fmt: skip
     g.add_argument(
         "--tau", type=float, default=0.03,
-        help="RStitch threshold on the normalized entropy, in [0, 1] (default 0.03)",
+        help="RStitch threshold on the normalized entropy, in [0, 1] (default 0.03); escalation uses it "
+        "for every model without --taus",
+    )  # fmt: skip
+    g.add_argument(
+        "--router", default=None, metavar="DIR",
+        help="citer, r2r, collm: the router directory written by `tokenrouter train-router` for this "
+        "model pair (required for those policies)",
+    )  # fmt: skip
+    g.add_argument(
+        "--threshold", type=float, default=None,
+        help="citer, r2r, collm: the router's decision threshold in [0, 1] (default: the one picked when "
+        "it was trained). R2R defers a token when p >= threshold, CoLLM when p > threshold, CITER when "
+        "its confidence < threshold",
+    )  # fmt: skip
+    g.add_argument(
+        "--taus", type=_taus, default=None, metavar="A,B,...",
+        help="escalation: one normalized-entropy threshold per model but the largest, smallest first "
+        "(default: --tau for each)",
     )  # fmt: skip
     g.add_argument(
         "--model", action="append", type=_model_arg, default=[], metavar="NAME=PATH",
-        help="a model as the policy names it (rstitch: small, large) and where it is: a Hugging Face "
-        "directory, a .gguf file or a store name; repeatable. Default: the demo pair, "
+        help="a model as the policy names it (rstitch, citer, r2r, collm: small, large; escalation: any "
+        "names, smallest first) and where it is: a Hugging Face directory, a .gguf file or a store "
+        "name; repeatable. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
     )  # fmt: skip
     g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
@@ -128,13 +177,119 @@ def build_parser() -> argparse.ArgumentParser:
         "models", help="list the models of the store, with sizes",
         description="List every model the store knows, whether it is fetched, and its size on disk.",
     )  # fmt: skip
+
+    lab = sub.add_parser(
+        "label", help="label which model suffices for each token of a reference corpus",
+        description="Teacher-force every model (smallest first) over a reference corpus (each prompt through "
+        "the smallest model's chat template, then its reference response) and record, for every response "
+        "token, each model's greedy token and entropy, the smallest model whose greedy token is the largest "
+        "model's (the sufficient-compute map) and the small model's features for training a router. Writes "
+        "DIR/labels.safetensors and DIR/labels.json and prints a summary: tokens, the share of tokens each "
+        "model suffices for, and the share of the estimated FLOPs the hardest 10% of tokens take.",
+        epilog="Then: `tokenrouter train-router --policy r2r --labels DIR --out ROUTER_DIR`.",
+    )  # fmt: skip
+    lab.add_argument(
+        "--model", action="append", type=_model_arg, default=[], metavar="NAME=PATH",
+        help="a model and where it is (a Hugging Face directory, a .gguf file or a store name), repeatable, "
+        "smallest first; two or more, sharing one vocabulary. Default: the demo pair, "
+        f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']} (fetched if missing)",
+    )  # fmt: skip
+    data = lab.add_mutually_exclusive_group(required=True)
+    data.add_argument(
+        "--data", metavar="FILE.jsonl",
+        help='the corpus: JSON Lines, one {"prompt": text or chat messages, "response": text} per line',
+    )  # fmt: skip
+    data.add_argument(
+        "--python-corpus", type=_positive_int, metavar="N",
+        help="the corpus: N functions of this machine's Python standard library (the prompt asks for the "
+        "function by name and docstring, the response is its source); offline and deterministic",
+    )  # fmt: skip
+    lab.add_argument(
+        "--max-tokens-per-example", type=_positive_int, default=256, metavar="N",
+        help="label at most the first N tokens of each response (default 256)",
+    )  # fmt: skip
+    lab.add_argument("--seed", type=int, default=0, help="which examples --python-corpus draws (default 0)")
+    lab.add_argument(
+        "--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
+        help="the models' compute dtype (default float32); features are stored as float32",
+    )  # fmt: skip
+    lab.add_argument("--out", required=True, metavar="DIR", help="directory to write the labels to")
+    lab.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
+    lab.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: all cores)")
+    lab.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+
+    tr = sub.add_parser(
+        "train-router", help="train the router of citer, r2r or collm on labels",
+        description="Train a router (a small MLP on the small model's features) on the labels of a model pair "
+        "written by `tokenrouter label`, and pick its threshold on held-out examples: for a recall of hard "
+        "tokens (those where the small model's greedy token is not the large model's), or for a share of "
+        "tokens the large model writes. Prints the held-out AUC, recall, large-model share and threshold, "
+        "and writes DIR/router.json and DIR/router.safetensors.",
+        epilog="Then: `tokenrouter generate --policy r2r --router DIR \"...\"` with the same models.",
+    )  # fmt: skip
+    tr.add_argument("--policy", choices=LEARNED, required=True, help="the policy whose router to train")
+    tr.add_argument("--labels", required=True, metavar="DIR", help="labels written by `tokenrouter label` (two models)")
+    tr.add_argument("--out", required=True, metavar="DIR", help="directory to write the router to")
+    target = tr.add_mutually_exclusive_group()
+    target.add_argument(
+        "--recall", type=_fraction(True, False), default=None,
+        help="pick the threshold for this recall of hard tokens on the held-out examples, in (0, 1] (default 0.95)",
+    )  # fmt: skip
+    target.add_argument(
+        "--large-share", type=_fraction(False, False), default=None, metavar="X",
+        help="pick the threshold so that the large model writes this share of held-out tokens, in [0, 1]",
+    )  # fmt: skip
+    tr.add_argument(
+        "--epochs", type=_positive_int, default=None,
+        help="training epochs (default: enough for about 300 steps, 3 to 50)",
+    )  # fmt: skip
+    tr.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches (default 0)")
+    tr.add_argument(
+        "--heldout", type=_fraction(True, True), default=0.2,
+        help="share of the examples held out to pick the threshold and report metrics, in (0, 1) (default 0.2)",
+    )  # fmt: skip
+    tr.add_argument("--width", type=_positive_int, default=256, help="the router MLP's width (default 256)")
+    tr.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: all cores)")
+    tr.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     return parser
 
 
 # ---- engine set-up -----------------------------------------------------------------------------
 def _policy(args):
-    from .policies import RStitch, Single
+    from .policies import CITER, R2R, CoLLM, Escalation, RStitch, Single
 
+    if args.policy not in LEARNED:
+        for flag, value in (("--router", args.router), ("--threshold", args.threshold)):
+            if value is not None:
+                raise UsageError(f"{flag} is only for --policy citer, r2r or collm")
+    if args.taus is not None and args.policy != "escalation":
+        raise UsageError("--taus is only for --policy escalation")
+    if args.policy in LEARNED:
+        if args.router is None:
+            raise UsageError(
+                f"--policy {args.policy} needs --router DIR, a router trained for the pair by "
+                f"`tokenrouter train-router --policy {args.policy}`"
+            )
+        if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+            raise UsageError(f"--threshold must be in [0, 1], got {args.threshold}")
+        cls = {"citer": CITER, "r2r": R2R, "collm": CoLLM}[args.policy]
+        return cls(Path(args.router).expanduser(), threshold=args.threshold)
+    if args.policy == "escalation":
+        names = [n for n, _ in args.model]
+        if len(names) < 2:
+            raise UsageError("--policy escalation needs two or more --model NAME=PATH, smallest first")
+        taus = args.taus
+        if taus is None:
+            if not 0.0 <= args.tau <= 1.0:
+                raise UsageError(f"--tau must be in [0, 1], got {args.tau}")
+            taus = [args.tau] * (len(names) - 1)
+        if len(taus) != len(names) - 1:
+            raise UsageError(
+                f"--taus: give one per model but the largest ({len(names) - 1} for {len(names)} models), got {len(taus)}"
+            )
+        if len(set(names)) != len(names):
+            raise UsageError("--model: each NAME may be given once")
+        return Escalation(models=names, taus=taus)
     if args.policy == "rstitch":
         if not 0.0 <= args.tau <= 1.0:
             raise UsageError(f"--tau must be in [0, 1], got {args.tau}")
@@ -347,6 +502,76 @@ async def _chat(args) -> int:
     return 0
 
 
+def _label(args) -> int:
+    from .policies.labels import label, python_corpus, read_jsonl
+
+    given = list(args.model) or list(store.DEFAULT_MODELS.items())
+    names = [n for n, _ in given]
+    if len(set(names)) != len(names):
+        raise UsageError("--model: each NAME may be given once")
+    if len(given) < 2:
+        raise UsageError("label needs two or more --model NAME=PATH, smallest first")
+    examples = read_jsonl(args.data) if args.data is not None else None  # a bad file fails before any pull
+    models = {n: _model_path(n, w, not args.no_pull) for n, w in given}
+    if examples is None:
+        examples, source = python_corpus(args.python_corpus, args.seed), f"python_corpus({args.python_corpus}, seed={args.seed})"
+    else:
+        source = str(args.data)
+    t0 = time.perf_counter()
+    _status(f"labelling {len(examples)} examples with {', '.join(f'{n}={p.name}' for n, p in models.items())} ...")
+    labels = label(models, examples, max_tokens_per_example=args.max_tokens_per_example, dtype=args.dtype, source=source)
+    seconds = time.perf_counter() - t0
+    out = labels.save(args.out)
+    s = labels.meta().summary
+    if args.json:
+        print(json.dumps({**s, "seconds": round(seconds, 3), "out": str(out)}))
+        return 0
+    shares = " · ".join(f"{m} {100 * v:.1f}%" for m, v in s["sufficient_share"].items())
+    print(f"labelled {s['examples']} examples, {s['tokens']} tokens in {seconds:.1f} s")
+    print(f"smallest sufficient model (its greedy token is the largest model's): {shares} of tokens")
+    print(
+        f"the hardest {100 * s['hardest_fraction']:.0f}% of tokens ({s['hardest_tokens']}) take "
+        f"{100 * s['hardest_flops_share']:.1f}% of the estimated FLOPs (2 x parameters of the sufficient model per token)"
+    )
+    print(f"saved to {out} (labels.safetensors, labels.json)")
+    return 0
+
+
+def _train_router(args) -> int:
+    from .policies.labels import Labels
+    from .policies.routers import save_router
+    from .policies.training import COMPARISON, train_router
+
+    labels = Labels.load(args.labels)
+    t0 = time.perf_counter()
+    net, m = train_router(
+        labels, args.policy, target_recall=args.recall, large_share=args.large_share, heldout=args.heldout,
+        epochs=args.epochs, seed=args.seed, width=args.width,
+    )  # fmt: skip
+    seconds = time.perf_counter() - t0
+    out = save_router(net, args.out)
+    if args.json:
+        print(json.dumps({**m, "policy": args.policy, "seconds": round(seconds, 3), "out": str(out)}))
+        return 0
+    small, large = labels.model_names
+    print(
+        f"trained a {args.policy} router for {small} -> {large} on {int(m['tokens_train'])} tokens "
+        f"({int(m['tokens_heldout'])} of {int(m['examples_heldout'])} examples held out) in {seconds:.1f} s"
+    )
+    target = (
+        f"target recall {100 * m['target_recall']:.0f}%" if "target_recall" in m
+        else f"target large-model share {100 * m['target_large_share']:.0f}%"
+    )  # fmt: skip
+    auc = f"{m['auc']:.3f}" if "auc" in m else "- (one class only)"
+    print(
+        f"held-out: AUC {auc} · recall of hard tokens {100 * m['recall']:.1f}% · large-model share "
+        f"{100 * m['large_share']:.1f}% · precision {100 * m['precision']:.1f}% ({target})"
+    )
+    print(f"threshold {m['threshold']:.6g} ({args.policy} defers a token when {COMPARISON[args.policy]})")
+    print(f"saved to {out} (router.json, router.safetensors); serve it with --policy {args.policy} --router {out}")
+    return 0
+
+
 def _pull(args) -> int:
     try:
         names = [m for n in args.names for m in store.expand(n)]
@@ -388,6 +613,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             transformers.logging.disable_progress_bar()  # per-tensor loading bars; we say "loading" once
             torch.set_num_threads(1)  # the caller's thread only waits; workers set their own threads
             return anyio.run(_generate if args.command == "generate" else _chat, args)
+        if args.command in ("label", "train-router"):
+            import torch
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
+            torch.set_num_threads(args.threads or os.cpu_count() or 1)
+            return _label(args) if args.command == "label" else _train_router(args)
         if args.command == "pull":
             return _pull(args)
         return _models_table(args)

@@ -15,6 +15,7 @@ import time
 import traceback
 from collections import Counter, deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
 
 import torch
@@ -132,12 +133,20 @@ class Worker:
         self.time_step = 0.0
         self.time_idle = 0.0
         self.time_waiting_for_batch = 0.0
+        # what the throughput model observes (api.py, delayed_batching="auto"); ints, read from any thread
+        self.rows_stepped = 0  # sum of batch sizes over steps
+        self.rows_sampled = 0  # tokens sampled (rows whose last token was computed)
+        self.tokens_kept = 0  # sampled tokens the policy kept
+        self.catchups = 0  # requests arrived from a peer
+        self.catchup_tokens = 0  # tokens they needed computed on arrival
+        self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread
 
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
         try:
             if self.num_threads is not None:
                 torch.set_num_threads(self.num_threads)
+            self.torch_threads = torch.get_num_threads()
             spec = self.spec
             loaded = load_model(self.name, spec)
             layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
@@ -195,6 +204,33 @@ class Worker:
 
     def stop(self) -> None:
         self._post("stop", None)
+
+    def set_batch_min(self, b: int) -> None:
+        """Change B (delayed batching) at run time, from any thread; the loop re-checks at once."""
+        self.batch_min = max(1, min(int(b), self.spec.max_num_seqs))
+        self._wake.set()
+
+    def profile(self, **options) -> Future:
+        """Measure this model's step latency (engine/latency_profile.py) in the worker's thread,
+        between steps; the future gets the LatencyProfile or the error."""
+        future: Future = Future()
+        if not self._post("profile", (options, future)):
+            future.set_exception(RuntimeError(f"worker {self.name!r} is not running: {self.error or 'stopped'}"))
+        return future
+
+    def routing_counters(self) -> dict[str, float]:
+        """Counters the throughput model reads (plain numbers; a snapshot is not atomic, and need not be)."""
+        return {
+            "steps": self.steps,
+            "rows_stepped": self.rows_stepped,
+            "tokens_processed": self.tokens_processed,
+            "rows_sampled": self.rows_sampled,
+            "tokens_kept": self.tokens_kept,
+            "handoffs_sent": self.handoffs_sent,
+            "catchups": self.catchups,
+            "catchup_tokens": self.catchup_tokens,
+            "time_step": self.time_step,
+        }
 
     def join(self, timeout: float | None = None) -> bool:
         if self._thread is not None:
@@ -308,8 +344,24 @@ class Worker:
                     self._release(seq)
             elif kind == "stop":
                 self._stopping = True
+            elif kind == "profile":
+                self._profile(*payload)  # type: ignore[misc]
         if events:
             self.sink(events)
+
+    def _profile(self, options: dict, future: Future) -> None:
+        if not future.set_running_or_notify_cancel():
+            return
+        if self._stopping or self._closed:
+            future.set_exception(RuntimeError(f"worker {self.name!r} is stopping"))
+            return
+        try:
+            from .latency_profile import measure
+
+            future.set_result(measure(self, **options))
+        except Exception as e:
+            log.exception("worker %r: profiling failed", self.name)
+            future.set_exception(e)
 
     def _admit(self, seq: Sequence) -> None:
         self.seqs[seq.request_id] = seq
@@ -345,6 +397,8 @@ class Worker:
             self.scheduler.resume(seq)
         seq.peer_known[msg.source] = len(seq.token_ids)
         seq.stalls = msg.stalls
+        self.catchups += 1
+        self.catchup_tokens += seq.num_uncomputed
 
     def _end_all(self, reason: str, error: str | None) -> None:
         """End every request this worker owns, and drop its pending copies (the owner ends those)."""
@@ -424,6 +478,7 @@ class Worker:
         self.time_forward += out.model_time
         self.steps += 1
         self.batch_sizes[len(batch)] += 1
+        self.rows_stepped += len(batch)
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.num_computed += n
             seq.num_fed += n
@@ -445,6 +500,8 @@ class Worker:
                 return
         else:
             keep, next_model = None, None
+        self.rows_sampled += len(seqs)
+        self.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
         for i, seq in enumerate(seqs):
             kept = keep is None or keep[i]
             target = self.model_index if next_model is None else next_model[i]

@@ -1,0 +1,273 @@
+"""Choosing B: the throughput model (a Markov chain over where requests are), the step-latency
+profile measured in each worker's thread, and delayed_batching="auto" in the engine."""
+
+from __future__ import annotations
+
+import math
+import random
+import threading
+
+import anyio
+import numpy as np
+import pytest
+
+from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
+from tokenrouter.engine import latency_profile
+from tokenrouter.policies import RStitch
+from tokenrouter.throughput import (
+    LatencyModel,
+    RoutingStats,
+    choose_b,
+    expected_wait,
+    predict,
+    stationary,
+    transition_matrix,
+)
+
+from .conftest import TINY_PAIR_TAU
+from .helpers import wait_all_free
+
+SMALL = LatencyModel(a=0.010, s=0.001, k=0.0002)
+LARGE = LatencyModel(a=0.040, s=0.004, k=0.0008)
+LAT = {"small": SMALL, "large": LARGE}
+
+
+def _rt(h_s, h_l, k_s=1.0, k_l=1.0, u_s=0.0, u_l=0.0):
+    return {"small": RoutingStats(h_s, k_s, u_s), "large": RoutingStats(h_l, k_l, u_l)}
+
+
+# ---- the chain ---------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    "C, routing, B, wait_s, caps, sigma",
+    [
+        (1, _rt(0.3, 0.6), None, 0.02, None, 0.0),
+        (8, _rt(0.1, 0.5, 0.9, 1.0, 3, 4), {"small": 3, "large": 5}, 0.02, None, 0.0),
+        (12, _rt(0.5, 0.5), {"large": 12}, 0.1, {"small": 4, "large": 6}, 1.0),
+        (20, _rt(1.0, 1.0), {"small": 2}, 0.01, None, 0.5),
+        (6, _rt(0.0, 0.7), None, 0.02, None, 0.0),
+    ],
+)
+def test_chain_is_a_stochastic_matrix_and_pi_sums_to_one(C, routing, B, wait_s, caps, sigma):
+    P = transition_matrix(LAT, routing, C, B, wait_s, caps, sigma)
+    assert P.shape == (C + 1, C + 1)
+    assert (P >= 0).all()
+    np.testing.assert_allclose(P.sum(axis=1), 1.0, atol=1e-12)
+    pred = predict(LAT, routing, C, B, wait_s, caps, sigma)
+    pi = np.array(pred.distribution)
+    assert pi.shape == (C + 1,) and (pi >= -1e-15).all()
+    assert math.isclose(pi.sum(), 1.0, abs_tol=1e-12)
+    assert pred.tokens_per_s > 0
+    assert math.isclose(pred.per_token_latency_s, C / pred.tokens_per_s)
+    if 0 < routing["small"].h < 1 and 0 < routing["large"].h < 1:
+        np.testing.assert_allclose(pi @ P, pi, atol=1e-12)  # stationary
+    assert math.isclose(sum(pred.mean_requests.values()), C)
+
+
+def test_gth_matches_a_direct_solve():
+    rng = np.random.default_rng(0)
+    P = rng.random((7, 7))
+    P /= P.sum(axis=1, keepdims=True)
+    A = np.vstack([P.T - np.eye(7), np.ones(7)])
+    direct = np.linalg.lstsq(A, np.r_[np.zeros(7), 1.0], rcond=None)[0]
+    np.testing.assert_allclose(stationary(P), direct, atol=1e-12)
+
+
+@pytest.mark.parametrize("h_l", [0.0, 0.4])
+def test_no_hand_offs_keep_everyone_on_the_small_model(h_l):
+    C, k_s = 10, 0.8
+    pred = predict(LAT, _rt(0.0, h_l, k_s=k_s, u_s=5.0), C, {"small": 4, "large": 4})
+    assert math.isclose(pred.tokens_per_s, C * k_s / SMALL(C, 0), rel_tol=1e-6)
+    assert pred.distribution[C] > 1 - 1e-6
+    assert math.isclose(pred.mean_requests["small"], C, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("sigma", [0.0, 1.0])
+def test_symmetric_models_and_routing_give_a_symmetric_distribution(sigma):
+    lat = {"a": SMALL, "b": SMALL}
+    rt = {"a": RoutingStats(0.3, 0.9, 2.0), "b": RoutingStats(0.3, 0.9, 2.0)}
+    pred = predict(lat, rt, 9, {"a": 3, "b": 3}, 0.02, None, sigma)
+    pi = np.array(pred.distribution)
+    np.testing.assert_allclose(pi, pi[::-1], atol=1e-12)
+    assert math.isclose(pred.mean_requests["a"], 4.5, rel_tol=1e-9)
+
+
+def test_one_request_matches_the_hand_solution():
+    """C = 1: no batching, no overlap; the request alternates with geometric sojourns, so
+    pi(small) = (h_L/T_L) / (h_S/T_S + h_L/T_L), with T including the catch-up tokens."""
+    h_s, h_l, k_s, u_s, u_l = 0.2, 0.5, 0.7, 6.0, 3.0
+    pred = predict(LAT, _rt(h_s, h_l, k_s=k_s, u_s=u_s, u_l=u_l), 1, {"small": 1, "large": 1}, 0.02, None, 1.0)
+    t_s = SMALL(1, h_s * u_s)
+    t_l = LARGE(1, h_l * u_l)
+    pi_small = (h_l / t_l) / (h_s / t_s + h_l / t_l)
+    assert math.isclose(pred.distribution[1], pi_small, rel_tol=1e-9)
+    assert math.isclose(pred.tokens_per_s, pi_small * k_s / t_s + (1 - pi_small) / t_l, rel_tol=1e-9)
+
+
+def test_expected_wait_by_hand():
+    lam, w = 30.0, 0.05
+    got = expected_wait([0, 1, 2], [lam, lam, 0.0], w)
+    assert got[0] == 0.0
+    assert math.isclose(got[1], (1 - math.exp(-lam * w)) / lam, rel_tol=1e-9)  # E[min(Exp, w)]
+    assert got[2] == w  # nothing arrives: the worker holds the whole batch_wait_s
+    # two arrivals: E[min(Erlang(2), w)] = (P(N>=1) + P(N>=2)) / lam, N ~ Poisson(lam w)
+    x = lam * w
+    two = ((1 - math.exp(-x)) + (1 - math.exp(-x) * (1 + x))) / lam
+    assert math.isclose(expected_wait([2], [lam], w)[0], two, rel_tol=1e-9)
+
+
+# ---- choosing B --------------------------------------------------------------------------
+# Steps cost a fixed 20/50 ms whatever the batch (much cheaper per request in a big batch), the
+# two models share one device, and a hold may last long enough to gather a batch.
+FIXED = {"small": LatencyModel(a=0.02, s=1e-4), "large": LatencyModel(a=0.05, s=2e-4)}
+FIXED_RT = _rt(0.1, 0.5, k_s=0.9, u_s=3.0, u_l=3.0)
+
+
+def test_bigger_b_when_batching_pays():
+    pred = choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.05, shared_device=1.0)
+    assert max(pred.batch_min.values()) > 1, pred.batch_min
+    assert pred.tokens_per_s > pred.baseline_tokens_per_s * 1.01
+    assert pred.meets_latency_bound is None
+    # with its own device each model only loses time by holding: B = 1
+    own = choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.05, shared_device=0.0)
+    assert own.batch_min == {"small": 1, "large": 1}
+    # batch_wait_s = 0: B has no effect, the smallest is kept
+    assert choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.0, shared_device=1.0).batch_min == {"small": 1, "large": 1}
+
+
+def test_tight_latency_bound_gives_b_1():
+    free = choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.05, shared_device=1.0)
+    tight = choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.05, shared_device=1.0, latency_bound_s=1e-4)
+    assert tight.batch_min == {"small": 1, "large": 1}
+    assert tight.meets_latency_bound is False
+    loose = choose_b(FIXED, FIXED_RT, 16, batch_wait_s=0.05, shared_device=1.0, latency_bound_s=10.0)
+    assert loose.batch_min == free.batch_min and loose.meets_latency_bound is True
+
+
+def test_b_is_capped_by_concurrency_and_batch_size():
+    pred = choose_b(FIXED, FIXED_RT, 40, batch_wait_s=0.05, shared_device=1.0, max_batch={"small": 8, "large": 6})
+    assert 1 <= pred.batch_min["small"] <= 8 and 1 <= pred.batch_min["large"] <= 6
+    pred = choose_b(FIXED, FIXED_RT, 3, batch_wait_s=0.05, shared_device=1.0)
+    assert all(1 <= b <= 3 for b in pred.batch_min.values())
+
+
+def test_one_model_and_more_than_two_models():
+    one = choose_b({"m": SMALL}, {"m": RoutingStats(0.0)}, 4)
+    assert one.batch_min == {"m": 1} and math.isclose(one.tokens_per_s, 4 / SMALL(4))
+    three = {m: SMALL for m in "abc"}
+    many = choose_b(three, {m: RoutingStats(0.2) for m in "abc"}, 8)
+    assert many.batch_min == {"a": 1, "b": 1, "c": 1}
+    assert many.tokens_per_s is None and "B = 1" in many.note
+
+
+def test_bad_model_inputs_are_rejected():
+    with pytest.raises(ValueError, match="RoutingStats.h"):
+        RoutingStats(1.5)
+    with pytest.raises(ValueError, match="LatencyModel.s"):
+        LatencyModel(0.01, -1.0)
+    with pytest.raises(ValueError, match="concurrency"):
+        predict(LAT, _rt(0.1, 0.1), 0)
+
+
+# ---- the engine --------------------------------------------------------------------------
+def _specs(pair, **kw):
+    base = dict(dtype="float64", kv_cache_tokens=4096, block_size=8, max_num_batched_tokens=128)
+    base.update(kw)
+    return {name: ModelSpec(path=path, **base) for name, path in pair.items()}
+
+
+def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch, tmp_path):
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    policy = RStitch(tau=TINY_PAIR_TAU)
+    threads = {}
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1) as engine:
+            profiles = await engine.profile()
+            for name, prof in profiles.items():
+                assert prof.source == "measured"
+                assert prof.measured_in_thread == f"tokenrouter-worker-{name}"
+                assert prof.path == tmp_path / "profiles" / f"{prof.key}.json" and prof.path.exists()
+                lat = {(p.b, p.c): p.latency_s for p in prof.points}
+                assert all(v > 0 for v in lat.values())
+                b_max = max(b for b, c in lat if c == 0)
+                c_max = max(c for b, c in lat if b == 1)
+                assert b_max == 32 and c_max == 127  # capped by max_num_batched_tokens=128
+                # Timings on a loaded 2-core box are noisy: only the 128-token prefill (over a hundred
+                # times the work of one decode row) must be measurably slower than a single decode row.
+                assert lat[(1, c_max)] > lat[(1, 0)]
+                assert prof.fit.a > 0 and prof.fit.s >= 0 and prof.fit.k >= 0
+                assert engine.workers[name].blocks.num_free == engine.workers[name].blocks.num_blocks
+            assert engine.stats()["small"].steps == 0  # the profile is not counted as serving
+
+            def no_measuring(*a, **kw):
+                raise AssertionError("measured again")
+
+            monkeypatch.setattr(latency_profile, "measure", no_measuring)
+            again = await engine.profile()
+            assert {n: p.source for n, p in again.items()} == {"small": "cache", "large": "cache"}
+            assert {n: p.fit for n, p in again.items()} == {n: p.fit for n, p in profiles.items()}
+            threads.update({n: p.key for n, p in again.items()})
+        # a new engine on the same models reuses the cache too, from the start with "auto"
+        async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching="auto") as engine:
+            assert {n: p.source for n, p in engine.profiles.items()} == {"small": "cache", "large": "cache"}
+            assert {n: p.key for n, p in engine.profiles.items()} == threads
+
+    anyio.run(main)
+
+
+def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch, tmp_path, tokenizer):
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    monkeypatch.setattr(Engine, "auto_batching_interval_s", 0.05)
+    policy = RStitch(tau=TINY_PAIR_TAU)
+    rng = random.Random(7)
+    reqs = [
+        ([rng.randrange(3, len(tokenizer)) for _ in range(rng.choice([3, 9, 20]))], rng.randint(8, 40))
+        for _ in range(12)
+    ]
+    results = {}
+
+    async def run(delayed_batching):
+        outs = {}
+        async with Engine(
+            models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching=delayed_batching
+        ) as engine:
+            engine.auto_shared_device = 1.0  # let B leave 1 when the model says so
+            if delayed_batching == "auto":
+                assert engine.throughput_prediction().tokens_per_s is None  # nothing observed yet
+
+            async def one(i):
+                prompt, n = reqs[i]
+                outs[i] = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(reqs)):
+                    tg.start_soon(one, i)
+            await wait_all_free(engine)
+            results[delayed_batching] = engine.throughput_prediction(refresh=True)
+            auto_thread = engine._auto_thread
+        assert not any(t.name == "tokenrouter-auto-batching" for t in threading.enumerate())
+        if delayed_batching == "auto":
+            assert auto_thread is not None and not auto_thread.is_alive()
+        return outs
+
+    plain = anyio.run(run, None)
+    auto = anyio.run(run, "auto")
+    for i in range(len(reqs)):
+        assert auto[i].finish_reason == "length"
+        assert auto[i].token_ids == plain[i].token_ids, i
+        assert auto[i].token_models == plain[i].token_models, i
+    assert results[None] is None
+    pred = results["auto"]
+    assert pred.tokens_per_s > 0 and pred.per_token_latency_s > 0
+    assert 1 <= pred.concurrency <= len(reqs)
+    assert set(pred.batch_min) == {"small", "large"} and all(b >= 1 for b in pred.batch_min.values())
+    assert 0 < pred.routing["small"].h < 1 and pred.routing["small"].k < 1  # RStitch discards on the small model
+    assert pred.routing["large"].k == 1.0
+    assert list(pred.routing) == ["small", "large"]
+
+
+@pytest.mark.parametrize("value", ["fast", "AUTO", "", 0, -1, True])
+def test_bad_delayed_batching_is_a_config_error(tiny_model, value):
+    with pytest.raises(ConfigError) as e:
+        Engine(models={"m": tiny_model}, delayed_batching=value)
+    assert str(e.value).startswith("delayed_batching"), str(e.value)

@@ -1,0 +1,465 @@
+"""The throughput model that chooses B, the batch a worker waits for under delayed batching.
+
+A discrete-time Markov chain over where the requests are. For two models (a, b) and concurrency C
+the state is n, the number of requests on model a (the rest are on b; a request in transit counts
+as on its target). A time slot lasts tau = SLOT_FRACTION x the smallest step period. In a slot,
+worker m completes a step with probability tau / T_m, where
+
+    b_m    = min(n_m, max_batch_m)                         requests in its batch
+    c_m    = h_m * u_m * b_m                               catch-up tokens in the step (a request
+                                                           arrives once per 1/h_m steps on m, with
+                                                           u_m unseen tokens)
+    L_m    = a_m + s_m * b_m + k_m * c_m                   measured step latency (LatencyModel)
+    W_m    = E[min(Erlang(B_m - n_m, lambda_m), w)]        delayed-batching hold when 1 <= n_m < B_m:
+                                                           the worker waits at most w = batch_wait_s or
+                                                           until B_m - n_m hand-offs arrive, at rate
+             lambda_m = b_o * h_o / L_o                    (o: the other model), taken as Poisson
+    D_m    = L_m * (1 + sigma * rho_o)                     compute time; with a shared device
+             rho_o = D_o / T_o                             (sigma = 1) the other's steps slow this one
+                                                           while they overlap; sigma = 0: own devices
+    T_m    = W_m + D_m                                     step period (infinite when n_m = 0)
+
+When a step of m completes, each of its b_m requests leaves for the other model with probability
+h_m, independently (binomial); both workers may complete a step in the same slot (the two
+binomials combine). The stationary distribution pi gives
+
+    tokens/s            X = sum_n pi(n) * [b_a k_a / T_a(n) + b_b k_b / T_b(n)]
+    per-token latency   C / X                                  (Little's law, closed system of C)
+
+where k_m is the share of m's sampled tokens that are kept (RStitch discards the small model's
+uncertain tokens). `choose_b` evaluates a grid of (B_a, B_b) and keeps the best X, subject to an
+optional bound on the per-token latency; ties (within 0.1%) go to the smaller B.
+
+Why sigma matters: with workers on their own devices (sigma = 0) a worker that holds back only
+loses time in this model, so B = 1 wins; what a hold buys is device time for the other model's
+steps and fewer, fuller steps of the holding one, which pays when the two share a device.
+
+Approximations: steps are geometric (memoryless) rather than fixed-length; arrivals during a hold
+are Poisson at the rate the other model's un-held steps would send them; catch-up tokens use the
+mean suffix length; requests that finish are assumed replaced at once on the entry model (the
+first one), which is also where the chain starts when it is not irreducible (h = 0 somewhere).
+With more than two models the chain is not built: B = 1 with a note.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+SLOT_FRACTION = 0.25
+_EPS_H = 1e-9  # h in (0, 1) exactly makes the chain irreducible; the limit is what is computed
+_TIE = 1e-3  # within 0.1% of the best throughput, the smaller B wins
+
+
+@dataclass(frozen=True)
+class LatencyModel:
+    """A model's step latency in seconds: a + s * b + k * c for b requests and c catch-up tokens."""
+
+    a: float
+    s: float = 0.0
+    k: float = 0.0
+
+    def __post_init__(self):
+        for name in ("a", "s", "k"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v >= 0):
+                raise ValueError(f"LatencyModel.{name}: must be a finite number >= 0, got {v!r}")
+        if self.a + self.s <= 0:
+            raise ValueError("LatencyModel: a step must take time (a + s > 0)")
+
+    def __call__(self, b, c=0.0):
+        return self.a + self.s * b + self.k * c
+
+
+@dataclass(frozen=True)
+class RoutingStats:
+    """How requests move on one model: h, the chance a request leaves after a step here; k, the
+    share of sampled tokens that are kept; catch_up_tokens, the mean tokens computed for a request
+    arriving here from a peer."""
+
+    h: float
+    k: float = 1.0
+    catch_up_tokens: float = 0.0
+
+    def __post_init__(self):
+        for name, hi in (("h", 1.0), ("k", 1.0), ("catch_up_tokens", math.inf)):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= hi):
+                raise ValueError(f"RoutingStats.{name}: must be finite and in [0, {hi}], got {v!r}")
+
+
+@dataclass(frozen=True)
+class ThroughputPrediction:
+    """What the model predicts for a choice of B (per model)."""
+
+    batch_min: dict[str, int]  # B per model
+    tokens_per_s: float | None  # kept output tokens per second, all requests together
+    per_token_latency_s: float | None  # mean seconds per output token of one request (C / tokens_per_s)
+    concurrency: int
+    routing: dict[str, RoutingStats] = field(default_factory=dict)
+    latency: dict[str, LatencyModel] = field(default_factory=dict)
+    batch_wait_s: float = 0.0
+    shared_device: float = 0.0  # sigma
+    mean_requests: dict[str, float] = field(default_factory=dict)  # E[requests on each model]
+    step_s: dict[str, float] = field(default_factory=dict)  # mean step period, weighted by steps
+    distribution: tuple[float, ...] = ()  # pi(n), n = requests on the first model
+    baseline_tokens_per_s: float | None = None  # the same inputs with B = 1 everywhere
+    meets_latency_bound: bool | None = None  # None: no bound given
+    note: str = ""
+
+
+# ---- pieces ------------------------------------------------------------------------------
+def binomial_pmf(n: int, p: float) -> np.ndarray:
+    """P(X = x) for x = 0..n, X ~ Binomial(n, p)."""
+    out = np.zeros(n + 1)
+    if p <= 0.0:
+        out[0] = 1.0
+        return out
+    if p >= 1.0:
+        out[n] = 1.0
+        return out
+    x = np.arange(n + 1)
+    log_comb = _log_factorial(n) - _log_factorials(x) - _log_factorials(n - x)
+    out = np.exp(log_comb + x * math.log(p) + (n - x) * math.log1p(-p))
+    return out / out.sum()
+
+
+_LOG_FACT_CACHE = np.zeros(1)
+
+
+def _log_factorials(x: np.ndarray) -> np.ndarray:
+    global _LOG_FACT_CACHE
+    top = int(np.max(x)) if np.size(x) else 0
+    if top >= len(_LOG_FACT_CACHE):
+        _LOG_FACT_CACHE = np.concatenate([[0.0], np.cumsum(np.log(np.arange(1, 2 * top + 2)))])
+    return _LOG_FACT_CACHE[np.asarray(x, dtype=int)]
+
+
+def _log_factorial(n: int) -> float:
+    return float(_log_factorials(np.array([n]))[0])
+
+
+def expected_wait(need, rate, wait_s: float) -> np.ndarray:
+    """E[min(time until `need` Poisson(rate) arrivals, wait_s)], elementwise.
+
+    E[min(X, w)] = sum_{j<need} P(Poisson(rate * w) > j) / rate for X ~ Erlang(need, rate)."""
+    need = np.atleast_1d(np.asarray(need, dtype=int))
+    rate = np.broadcast_to(np.asarray(rate, dtype=float), need.shape)
+    out = np.zeros(need.shape)
+    if wait_s <= 0:
+        return out
+    top = int(need.max()) if need.size else 0
+    if top <= 0:
+        return out
+    x = rate * wait_s
+    j = np.arange(top)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        logx = np.where(x > 0, np.log(np.where(x > 0, x, 1.0)), -np.inf)
+        logpmf = -x[:, None] + j[None, :] * logx[:, None] - _log_factorials(j)[None, :]
+        logpmf = np.where((j[None, :] == 0) & (x[:, None] == 0), 0.0, logpmf)
+        tail = np.clip(1.0 - np.cumsum(np.exp(logpmf), axis=1), 0.0, 1.0)  # P(N > j)
+        mask = j[None, :] < need[:, None]
+        w = np.where(rate > 0, (tail * mask).sum(axis=1) / np.where(rate > 0, rate, 1.0), wait_s)
+    return np.where(need > 0, np.minimum(w, wait_s), 0.0)
+
+
+def stationary(P: np.ndarray) -> np.ndarray:
+    """Stationary distribution of an irreducible stochastic matrix (GTH: no subtractions, stable)."""
+    A = np.array(P, dtype=float, copy=True)
+    n = A.shape[0]
+    for k in range(n - 1, 0, -1):
+        s = A[k, :k].sum()
+        if s <= 0:
+            raise ValueError("the chain is not irreducible")
+        A[:k, k] /= s
+        A[:k, :k] += np.outer(A[:k, k], A[k, :k])
+    x = np.zeros(n)
+    x[0] = 1.0
+    for k in range(1, n):
+        x[k] = x[:k] @ A[:k, k]
+    return x / x.sum()
+
+
+class _Pair:
+    """The chain for two models at one concurrency: everything that does not depend on B."""
+
+    def __init__(self, names, latency, routing, concurrency, batch_wait_s, max_batch, sigma):
+        self.names = names
+        self.C = C = concurrency
+        self.wait_s = batch_wait_s
+        self.sigma = sigma
+        n = np.arange(C + 1)
+        self.n = (n, C - n)  # requests on each model, per state
+        self.lat = [latency[m] for m in names]
+        self.rt = [routing[m] for m in names]
+        self.cap = [max(1, int(max_batch.get(m, C) if max_batch else C)) for m in names]
+        self.b = [np.minimum(self.n[i], self.cap[i]) for i in range(2)]
+        self.L = []
+        for i in range(2):
+            lat, rt, b = self.lat[i], self.rt[i], self.b[i]
+            with np.errstate(divide="ignore"):
+                self.L.append(np.where(b > 0, lat(b, rt.h * rt.catch_up_tokens * b), np.inf))
+        # arrivals into model i come from the other's un-held steps
+        self.rate = []
+        for i in range(2):
+            o = 1 - i
+            with np.errstate(invalid="ignore", divide="ignore"):
+                self.rate.append(np.where(self.b[o] > 0, self.b[o] * self.rt[o].h / self.L[o], 0.0))
+        self.both_stay = self.rt[0].h == 0 and self.rt[1].h == 0
+        h = [min(max(rt.h, _EPS_H), 1 - _EPS_H) for rt in self.rt]
+        # departure matrices: a step of model 0 moves X ~ Bin(b_0, h_0) from 0 to 1 (n -> n - X);
+        # a step of model 1 moves Y ~ Bin(b_1, h_1) the other way (n -> n + Y); both: n - X + Y.
+        D0 = np.zeros((C + 1, C + 1))
+        D1 = np.zeros((C + 1, C + 1))
+        D01 = np.zeros((C + 1, C + 1))
+        for s in range(C + 1):
+            b0, b1 = int(self.b[0][s]), int(self.b[1][s])
+            px, py = binomial_pmf(b0, h[0]), binomial_pmf(b1, h[1])
+            D0[s, s - b0 : s + 1] = px[::-1]
+            D1[s, s : s + b1 + 1] = py
+            D01[s, s - b0 : s + b1 + 1] = np.convolve(px[::-1], py)
+        self.D = (D0, D1, D01)
+        self._waits: dict[tuple[int, int], np.ndarray] = {}
+
+    def wait(self, i: int, B: int) -> np.ndarray:
+        key = (i, B)
+        if key not in self._waits:
+            n = self.n[i]
+            need = np.where((n >= 1) & (n < B), B - n, 0)
+            self._waits[key] = expected_wait(need, self.rate[i], self.wait_s)
+        return self._waits[key]
+
+    def periods(self, B: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """(T, D) per model: step period and its compute part, per state."""
+        W = [self.wait(i, B[i]) for i in range(2)]
+        D = [self.L[0].copy(), self.L[1].copy()]
+        T = [W[0] + D[0], W[1] + D[1]]
+        if self.sigma > 0:
+            busy = [self.b[i] > 0 for i in range(2)]
+            for _ in range(200):  # D_m = L_m (1 + sigma D_o / T_o): a contraction, a few rounds
+                rho = [np.divide(D[i], T[i], out=np.zeros_like(D[i]), where=busy[i]) for i in range(2)]
+                new = [self.L[i] * (1 + self.sigma * rho[1 - i]) for i in range(2)]
+                delta = max(
+                    float(np.max(np.abs(new[i][busy[i]] - D[i][busy[i]]) / self.L[i][busy[i]], initial=0.0))
+                    for i in range(2)
+                )
+                D = new
+                T = [W[0] + D[0], W[1] + D[1]]
+                if delta < 1e-10:
+                    break
+        return T, D
+
+    def evaluate(self, B: Sequence[int]) -> tuple[float, np.ndarray, list[np.ndarray]]:
+        """(tokens/s, pi, T) for B = (B_0, B_1)."""
+        T, _ = self.periods(B)
+        finite = np.concatenate([t[np.isfinite(t)] for t in T])
+        slot = SLOT_FRACTION * float(finite.min())
+        p = [np.where(np.isfinite(t), slot / t, 0.0) for t in T]
+        pi = self.chain_stationary(p)
+        rate = [np.where(self.b[i] > 0, self.b[i] * self.rt[i].k / T[i], 0.0) for i in range(2)]
+        return float(pi @ (rate[0] + rate[1])), pi, T
+
+    def matrix(self, p: list[np.ndarray]) -> np.ndarray:
+        q0, q1 = 1 - p[0], 1 - p[1]
+        D0, D1, D01 = self.D
+        P = (p[0] * q1)[:, None] * D0 + (q0 * p[1])[:, None] * D1 + (p[0] * p[1])[:, None] * D01
+        P[np.diag_indices_from(P)] += q0 * q1
+        return P
+
+    def chain_stationary(self, p: list[np.ndarray]) -> np.ndarray:
+        if self.both_stay:  # nobody ever moves: everyone stays where requests start (model 0)
+            pi = np.zeros(self.C + 1)
+            pi[self.C] = 1.0
+            return pi
+        return stationary(self.matrix(p))
+
+
+def transition_matrix(
+    latency: Mapping[str, LatencyModel],
+    routing: Mapping[str, RoutingStats],
+    concurrency: int,
+    batch_min: Mapping[str, int] | None = None,
+    batch_wait_s: float = 0.02,
+    max_batch: Mapping[str, int] | None = None,
+    shared_device: float = 0.0,
+) -> np.ndarray:
+    """The (C+1) x (C+1) one-slot transition matrix; state n = requests on the first model."""
+    names = _names(latency, routing)
+    if len(names) != 2:
+        raise ValueError("the chain is built for two models")
+    pair = _Pair(names, latency, routing, _check_c(concurrency), batch_wait_s, max_batch, shared_device)
+    B = [int((batch_min or {}).get(m, 1)) for m in names]
+    T, _ = pair.periods(B)
+    finite = np.concatenate([t[np.isfinite(t)] for t in T])
+    slot = SLOT_FRACTION * float(finite.min())
+    return pair.matrix([np.where(np.isfinite(t), slot / t, 0.0) for t in T])
+
+
+def _names(latency, routing) -> list[str]:
+    names = list(routing)
+    missing = [m for m in names if m not in latency]
+    if missing:
+        raise ValueError(f"no latency model for {missing}")
+    if not names:
+        raise ValueError("give at least one model")
+    return names
+
+
+def _check_c(concurrency) -> int:
+    if isinstance(concurrency, bool) or not isinstance(concurrency, (int, np.integer)) or concurrency < 1:
+        raise ValueError(f"concurrency: must be an int >= 1, got {concurrency!r}")
+    return int(concurrency)
+
+
+def candidate_bs(limit: int) -> list[int]:
+    """B values to try, 1..limit: all of them up to 16, then a geometric grid (x1.5) and the limit."""
+    if limit <= 16:
+        return list(range(1, limit + 1))
+    out = set(range(1, 9))
+    v = 8.0
+    while v < limit:
+        v *= 1.5
+        out.add(min(limit, round(v)))
+    out.add(limit)
+    return sorted(out)
+
+
+def _prediction(pair: _Pair, B, X, pi, T, routing, latency, baseline, bound, note) -> ThroughputPrediction:
+    names = pair.names
+    step_s = {}
+    mean_requests = {}
+    for i, m in enumerate(names):
+        mean_requests[m] = float(pi @ pair.n[i])
+        rate = np.where(np.isfinite(T[i]), 1.0 / T[i], 0.0)
+        steps = float(pi @ rate)
+        step_s[m] = float(pi @ (rate * np.where(np.isfinite(T[i]), T[i], 0.0))) / steps if steps > 0 else math.inf
+    latency_s = pair.C / X if X > 0 else math.inf
+    return ThroughputPrediction(
+        batch_min=dict(zip(names, (int(b) for b in B))),
+        tokens_per_s=X,
+        per_token_latency_s=latency_s,
+        concurrency=pair.C,
+        routing=dict(routing),
+        latency={m: latency[m] for m in names},
+        batch_wait_s=pair.wait_s,
+        shared_device=pair.sigma,
+        mean_requests=mean_requests,
+        step_s=step_s,
+        distribution=tuple(float(v) for v in pi),
+        baseline_tokens_per_s=baseline,
+        meets_latency_bound=None if bound is None else latency_s <= bound,
+        note=note,
+    )
+
+
+def _single(name, latency, routing, C, batch_wait_s, max_batch, bound) -> ThroughputPrediction:
+    cap = int((max_batch or {}).get(name, C))
+    b = min(C, cap)
+    X = b * routing[name].k / latency[name](b, 0.0)
+    lat = C / X if X > 0 else math.inf
+    return ThroughputPrediction(
+        batch_min={name: 1},
+        tokens_per_s=X,
+        per_token_latency_s=lat,
+        concurrency=C,
+        routing=dict(routing),
+        latency={name: latency[name]},
+        batch_wait_s=batch_wait_s,
+        mean_requests={name: float(C)},
+        step_s={name: latency[name](b, 0.0)},
+        distribution=(1.0,),
+        baseline_tokens_per_s=X,
+        meets_latency_bound=None if bound is None else lat <= bound,
+        note="one model: no hand-offs to wait for, B = 1",
+    )
+
+
+def predict(
+    latency: Mapping[str, LatencyModel],
+    routing: Mapping[str, RoutingStats],
+    concurrency: int,
+    batch_min: Mapping[str, int] | None = None,
+    batch_wait_s: float = 0.02,
+    max_batch: Mapping[str, int] | None = None,
+    shared_device: float = 0.0,
+) -> ThroughputPrediction:
+    """Predicted tokens/s and per-token latency for a given B per model (default 1).
+
+    `routing`'s order names the models; the first is the one requests start on."""
+    names = _names(latency, routing)
+    C = _check_c(concurrency)
+    if len(names) == 1:
+        return _single(names[0], latency, routing, C, batch_wait_s, max_batch, None)
+    if len(names) > 2:
+        return _many(names, latency, routing, C, batch_wait_s)
+    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device)
+    B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
+    X, pi, T = pair.evaluate(B)
+    X1 = X if B == [1, 1] else pair.evaluate([1, 1])[0]
+    return _prediction(pair, B, X, pi, T, routing, latency, X1, None, "")
+
+
+def _many(names, latency, routing, C, batch_wait_s) -> ThroughputPrediction:
+    return ThroughputPrediction(
+        batch_min={m: 1 for m in names},
+        tokens_per_s=None,
+        per_token_latency_s=None,
+        concurrency=C,
+        routing=dict(routing),
+        latency={m: latency[m] for m in names},
+        batch_wait_s=batch_wait_s,
+        note=f"{len(names)} models: the throughput model covers two; B = 1 everywhere",
+    )
+
+
+def choose_b(
+    latency: Mapping[str, LatencyModel],
+    routing: Mapping[str, RoutingStats],
+    concurrency: int,
+    batch_wait_s: float = 0.02,
+    latency_bound_s: float | None = None,
+    max_batch: Mapping[str, int] | None = None,
+    shared_device: float = 0.0,
+    candidates: Mapping[str, Sequence[int]] | None = None,
+) -> ThroughputPrediction:
+    """Pick B per model (grid over 1..min(C, max_batch)) maximising predicted tokens/s.
+
+    With `latency_bound_s`, only B whose predicted per-token latency is within the bound qualify;
+    if none does, B = 1 everywhere (no holding) and `meets_latency_bound` is False. Note that at a
+    fixed concurrency Little's law makes the mean per-token latency C / tokens_per_s, so the bound
+    either excludes every B that is slower than it allows or none."""
+    names = _names(latency, routing)
+    C = _check_c(concurrency)
+    if latency_bound_s is not None and not (latency_bound_s > 0):
+        raise ValueError(f"latency_bound_s: must be > 0, got {latency_bound_s!r}")
+    if len(names) == 1:
+        return _single(names[0], latency, routing, C, batch_wait_s, max_batch, latency_bound_s)
+    if len(names) > 2:
+        return _many(names, latency, routing, C, batch_wait_s)
+    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device)
+    X1, pi1, T1 = pair.evaluate([1, 1])
+    if batch_wait_s <= 0:
+        return _prediction(
+            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "batch_wait_s = 0: B has no effect"
+        )
+    grids = []
+    for i, m in enumerate(names):
+        limit = min(C, pair.cap[i])
+        given = (candidates or {}).get(m)
+        grids.append(sorted({max(1, min(limit, int(b))) for b in given}) if given else candidate_bs(limit))
+    results = []  # (X, B, pi, T) of every B that meets the bound
+    for b0 in grids[0]:
+        for b1 in grids[1]:
+            X, pi, T = (X1, pi1, T1) if (b0, b1) == (1, 1) else pair.evaluate([b0, b1])
+            if latency_bound_s is None or (X > 0 and C / X <= latency_bound_s):
+                results.append((X, [b0, b1], pi, T))
+    if not results:
+        return _prediction(
+            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "no B meets the latency bound: B = 1"
+        )
+    top = max(r[0] for r in results)
+    X, B, pi, T = min((r for r in results if r[0] >= top * (1 - _TIE)), key=lambda r: (sum(r[1]), r[1]))
+    return _prediction(pair, B, X, pi, T, routing, latency, X1, latency_bound_s, "")
