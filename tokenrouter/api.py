@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import math
-import os
 import random
 import threading
 import time
@@ -17,7 +15,7 @@ from typing import Literal
 import anyio
 
 from .config import ModelSpec, SamplingParams
-from .engine import latency_profile
+from .engine.auto_batching import AutoBatching, profile_workers
 from .engine.latency_profile import LatencyProfile
 from .engine.lockstep import LockstepDriver
 from .engine.model_loader import LoadedModel
@@ -29,7 +27,7 @@ from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, Mod
 from .outputs import RequestOutput, StreamDelta
 from .policies import STEP_FIELDS, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
-from .throughput import LatencyModel, RoutingStats, ThroughputPrediction, choose_b
+from .throughput import ThroughputPrediction
 
 log = logging.getLogger(__name__)
 
@@ -151,20 +149,19 @@ class Engine:
         self._requests: dict[str, Request] = {}
         self._running = False
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
-        # delayed_batching="auto"
         self.profiles: dict[str, LatencyProfile] = {}
-        self._prediction: ThroughputPrediction | None = None
-        self._auto_thread: threading.Thread | None = None
-        self._auto_stop = threading.Event()
-        self._auto_lock = threading.Lock()
-        self._auto_seen: dict = {}  # counters at the last look, per model (and _BUSY)
-        self._auto_obs: dict = {}  # decayed sums of what happened since
-        self._auto_time = 0.0
-        self._auto_inputs: tuple | None = None
-        self._auto_concurrency = 0
-        # requests in flight, integrated over the time any are (the concurrency the model assumes)
-        self._inflight_lock = threading.Lock()
-        self._inflight = [0, time.monotonic(), 0.0, 0.0]  # count, since, count x seconds, busy seconds
+        self._auto: AutoBatching | None = None  # delayed_batching="auto": engine/auto_batching.py
+        if self.auto_batching:
+            self._auto = AutoBatching(
+                policy=policy,
+                specs=self.specs,
+                batch_wait_s=batch_wait_s,
+                settings=self,  # the knobs below, read at each use
+                workers=lambda: self.workers,
+                loaded=lambda: self.loaded,
+                profiles=lambda: self.profiles,
+                in_flight=lambda: len(self._requests),
+            )
 
     #: delayed_batching="auto": seconds between re-picks of B; a bound on the predicted per-token
     #: latency (None: none); the share sigma in [0, 1] of device time the two models' steps contend
@@ -232,12 +229,11 @@ class Engine:
             self.workers = workers
             self._check_tokenizers()
             self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
-            if self.auto_batching:
+            if self._auto is not None:
                 try:
                     await self.profile()
                 except Exception as e:  # serve anyway, with B = 1
-                    log.error("delayed_batching='auto': profiling failed, B stays 1: %s", e)
-                    self._prediction = self._no_prediction(f"profiling failed: {type(e).__name__}: {e}")
+                    self._auto.profiling_failed(e)
         except BaseException:
             for worker in workers.values():
                 worker.stop()
@@ -245,15 +241,8 @@ class Engine:
             self.workers = {}
             raise
         self._running = True
-        if self.auto_batching and len(self.profiles) == len(self.workers):
-            self._prediction = self._no_prediction("collecting observations: B = 1")
-            self._auto_seen, self._auto_obs, self._auto_inputs = {}, {}, None  # fresh workers count from 0
-            with self._inflight_lock:
-                self._inflight = [len(self._requests), time.monotonic(), 0.0, 0.0]
-            self._auto_stop.clear()
-            self._auto_time = time.monotonic()
-            self._auto_thread = threading.Thread(target=self._auto_loop, name="tokenrouter-auto-batching", daemon=True)
-            self._auto_thread.start()
+        if self._auto is not None:
+            self._auto.start()  # only with every model's profile
 
     def _check_tokenizers(self) -> None:
         """Routed models must share one vocabulary: a token id must mean the same to each of them."""
@@ -273,10 +262,8 @@ class Engine:
         if not self.workers:
             return
         self._running = False
-        if self._auto_thread is not None:
-            self._auto_stop.set()
-            await anyio.to_thread.run_sync(self._auto_thread.join, 10.0)
-            self._auto_thread = None
+        if self._auto is not None and self._auto.running:
+            await anyio.to_thread.run_sync(self._auto.stop)
         for worker in self.workers.values():
             worker.stop()
         stuck = []
@@ -357,7 +344,8 @@ class Engine:
         channel = RequestChannel(req.request_id)
         self._channels[req.request_id] = channel
         self._requests[req.request_id] = req
-        self._count_inflight()
+        if self._auto is not None:
+            self._auto.count_inflight()
         proc = OutputProcessor(self.loaded[self.policy.entry_model].tokenizer, req)
         aborted = False
         try:
@@ -382,7 +370,8 @@ class Engine:
                 self._abort_everywhere(req)
             self._channels.pop(req.request_id, None)
             self._requests.pop(req.request_id, None)
-            self._count_inflight()
+            if self._auto is not None:
+                self._auto.count_inflight()
 
     def _resubmit(self, msg, req: Request, proc: OutputProcessor) -> None:
         """Send a handed-off request to its next model as a new request with the whole sequence."""
@@ -444,24 +433,14 @@ class Engine:
         """Per model: KV blocks total/free, running/waiting counts, step timings."""
         return {name: w.stats() for name, w in self.workers.items()}
 
-    # ---- delayed_batching="auto": the throughput model ---------------------------------------
+    # ---- delayed_batching="auto": the throughput model (engine/auto_batching.py) ------------
     async def profile(self, refresh: bool = False) -> dict[str, LatencyProfile]:
         """Each model's step-latency profile (`engine/latency_profile.py`): read from the cache under
         the store home (`profiles/<key>.json`), else measured now in the worker's own thread,
         between its steps, one model at a time, and cached. `refresh=True` measures again."""
         if not self.workers:
             raise EngineNotRunningError("the engine is not running: use `async with Engine(...)` or `await start()`")
-        out: dict[str, LatencyProfile] = {}
-        for name, worker in self.workers.items():
-            info = latency_profile.profile_info(worker)
-            prof = None if refresh else latency_profile.load_cached(info)
-            if prof is None:
-                prof = await anyio.to_thread.run_sync(worker.profile().result)
-                try:
-                    latency_profile.save(prof)
-                except OSError as e:
-                    log.warning("could not cache the latency profile of %r: %s", name, e)
-            out[name] = prof
+        out = await profile_workers(self.workers, refresh)
         self.profiles.update(out)
         return out
 
@@ -470,148 +449,12 @@ class Engine:
         what it predicts (tokens/s, per-token latency, the routing statistics and step-latency
         models it used). `refresh=True` re-picks B now from what has been observed so far.
         None without "auto", or before the engine has started."""
-        if refresh and self.auto_batching and self.workers and self.profiles:
-            self._retune()
-        return self._prediction
+        if self._auto is None:
+            return None
+        if refresh and self.workers and self.profiles:
+            self._auto.retune()
+        return self._auto.prediction
 
-    MIN_OBSERVED_TOKENS = 64  # sampled tokens on the entry model before B may leave 1
-    _OBS_HALF_LIFE_S = 5.0  # observations decay: the routing a while ago counts less
-    _MAX_MODEL_CONCURRENCY = 128  # the chain has C + 1 states; one choice of B costs ~0.4 s at 128
-
-    def _auto_loop(self) -> None:
-        while not self._auto_stop.wait(self.auto_batching_interval_s):
-            try:
-                self._retune()
-            except Exception:
-                log.exception("delayed_batching='auto': re-picking B failed")
-
-    def _no_prediction(self, note: str) -> ThroughputPrediction:
-        return ThroughputPrediction(
-            batch_min={name: w.batch_min for name, w in self.workers.items()},
-            tokens_per_s=None,
-            per_token_latency_s=None,
-            concurrency=self._auto_concurrency,
-            batch_wait_s=self.batch_wait_s,
-            note=note,
-        )
-
-    def _shared_device(self, names: list[str]) -> float:
-        if self.auto_shared_device is not None:
-            return min(1.0, max(0.0, float(self.auto_shared_device)))
-        devices = {str(self.loaded[m].device) for m in names}
-        if len(devices) > 1:
-            return 0.0
-        if next(iter(devices)).startswith("cpu"):
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except AttributeError:
-                cores = os.cpu_count() or 1
-            threads = sum(self.workers[m].torch_threads or 1 for m in names)
-            return min(1.0, max(0.0, threads / cores - 1.0))
-        return 1.0
-
-    def _count_inflight(self) -> None:
-        """A request started or ended (or the tuner looks): integrate the count up to now."""
-        with self._inflight_lock:
-            count, since, area, busy = self._inflight
-            now = time.monotonic()
-            if count:
-                area += count * (now - since)
-                busy += now - since
-            self._inflight = [len(self._requests), now, area, busy]
-
-    def _observe(self, names: list[str]) -> dict:
-        """Decayed sums of each model's counters (what happened lately weighs most), and of the
-        requests in flight over the time any were (key BUSY: area = count x seconds, seconds)."""
-        now = time.monotonic()
-        decay = 0.5 ** ((now - self._auto_time) / self._OBS_HALF_LIFE_S)
-        self._auto_time = now
-        self._count_inflight()
-        sources = {m: self.workers[m].routing_counters for m in names}
-        sources[_BUSY] = lambda: {"area": self._inflight[2], "seconds": self._inflight[3]}
-        for m, read in sources.items():
-            counters = read()
-            seen = self._auto_seen.get(m, dict.fromkeys(counters, 0))
-            obs = self._auto_obs.setdefault(m, dict.fromkeys(counters, 0.0))
-            for key, value in counters.items():
-                obs[key] = obs[key] * decay + (value - seen[key])
-            self._auto_seen[m] = counters
-        return self._auto_obs
-
-    def _retune(self) -> None:
-        """Re-pick B per model from the profiles and the routing observed lately (any thread)."""
-        with self._auto_lock:
-            names = [m for m in self.policy.models if m in self.workers]
-            if len(names) != len(self.policy.models) or any(m not in self.profiles for m in names):
-                return
-            obs = self._observe(names)
-            busy = obs[_BUSY]
-            if busy["area"] > 0 and busy["seconds"] > 0:
-                self._auto_concurrency = max(1, round(busy["area"] / busy["seconds"]))
-            entry = self.policy.entry_model
-            if self._auto_concurrency == 0 or obs[entry]["rows_sampled"] < self.MIN_OBSERVED_TOKENS:
-                seen = int(obs[entry]["rows_sampled"])
-                for m in names:  # too little to go on (yet, or any more after a quiet while): no holding
-                    if self.workers[m].batch_min != 1:
-                        self.workers[m].set_batch_min(1)
-                self._auto_inputs = None
-                self._prediction = self._no_prediction(
-                    f"collecting observations ({seen} of {self.MIN_OBSERVED_TOKENS} tokens on {entry!r}): B = 1"
-                )
-                return
-            routing: dict[str, RoutingStats] = {}
-            latency: dict[str, LatencyModel] = {}
-            for m in [entry] + [n for n in names if n != entry]:  # the chain starts on the entry model
-                o = obs[m]
-                rows = o["rows_sampled"]
-                routing[m] = RoutingStats(
-                    h=min(1.0, o["handoffs_sent"] / rows) if rows > 0 else 1.0,
-                    k=min(1.0, o["tokens_kept"] / rows) if rows > 0 else 1.0,
-                    catch_up_tokens=o["catchup_tokens"] / o["catchups"] if o["catchups"] > 0 else 0.0,
-                )
-                fit = self.profiles[m].fit
-                a = fit.a
-                if o["steps"] >= 10:  # calibrate: what a step costs beyond the forward (sampling, routing, ...)
-                    mean_b = o["rows_stepped"] / o["steps"]
-                    mean_c = max(0.0, o["tokens_processed"] / o["steps"] - mean_b)
-                    a = max(0.5 * fit.a, fit.a + o["time_step"] / o["steps"] - fit(mean_b, mean_c))
-                latency[m] = LatencyModel(a=a, s=fit.s, k=fit.k)
-            C = min(self._auto_concurrency, self._MAX_MODEL_CONCURRENCY)
-            sigma = self._shared_device(names)
-            inputs = (C, sigma, self.auto_latency_bound_s, *[
-                v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens,
-                                             latency[m].a, latency[m].s, latency[m].k)
-            ])  # fmt: skip
-            if self._prediction is not None and self._auto_inputs is not None and _close(inputs, self._auto_inputs):
-                return  # nothing moved enough to re-pick
-            prediction = choose_b(
-                latency,
-                routing,
-                C,
-                batch_wait_s=self.batch_wait_s,
-                latency_bound_s=self.auto_latency_bound_s,
-                max_batch={m: self.specs[m].max_num_seqs for m in names},
-                shared_device=sigma,
-            )
-            self._auto_inputs = inputs
-            self._prediction = prediction
-            for m, b in prediction.batch_min.items():
-                worker = self.workers.get(m)
-                if worker is not None and worker.batch_min != b:
-                    worker.set_batch_min(b)
-
-
-_BUSY = ("requests in flight",)  # a key no model name can equal
-
-
-def _close(x: tuple, y: tuple, rtol: float = 0.05) -> bool:
-    """Every input within 5% of the last one's."""
-    if len(x) != len(y):
-        return False
-    for a, b in zip(x, y):
-        if a is None or b is None:
-            if a is not b:
-                return False
-        elif not math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12):
-            return False
-    return True
+    @property
+    def _auto_thread(self) -> threading.Thread | None:  # the controller's thread (tests check it stops)
+        return self._auto.thread if self._auto is not None else None
