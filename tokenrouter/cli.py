@@ -241,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     tr.add_argument(
         "--epochs", type=_positive_int, default=None,
-        help="training epochs (default: enough for about 300 steps, 3 to 50)",
+        help="training epochs (default: enough for about 500 steps, 3 to 50)",
     )  # fmt: skip
     tr.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches (default 0)")
     tr.add_argument(

@@ -49,6 +49,8 @@ class RouterConfig(BaseModel):
     hidden_size: int = Field(ge=1)
     top_k: int = Field(R2R_TOP_K, ge=1)
     width: int = Field(256, ge=1)
+    projection: int = Field(8, ge=1)  # each hidden-size input is projected to this many features
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)  # on the projected features, while training
     threshold: float = Field(ge=0.0, le=1.0, allow_inf_nan=False)
     small: ModelIdentity
     large: ModelIdentity
@@ -81,19 +83,26 @@ def router_features(
 
 
 class RouterNet(nn.Module):
-    """LayerNorm, then a two-layer MLP, to one logit per row (its sigmoid is the router's probability).
+    """The router: one logit per row (its sigmoid is the router's probability).
 
-    For R2R the three parts (hidden state, token embedding, top-k log-probs) are normalised
-    separately, since their scales differ by orders of magnitude."""
+    Each hidden-size input (the hidden state; for R2R also the token embedding) is layer-normed
+    and projected to a few features, with dropout while training. A labelled set of ~20k tokens
+    cannot fit 896- or 1536-wide inputs without overfitting: unprojected, held-out AUC on the demo
+    pair fell from 0.98 (train) to 0.80. R2R's top-k log-probabilities go in as they are (clamped
+    at -30, scaled by 1/10), since their absolute values say how sure the model is. Then a
+    two-layer MLP."""
 
     def __init__(self, config: RouterConfig):
         super().__init__()
         self.config = config
-        h = config.hidden_size
-        self.parts = [h, h, config.top_k] if config.kind == "r2r" else [h]
-        self.norms = nn.ModuleList(nn.LayerNorm(n) for n in self.parts)
+        h, d = config.hidden_size, config.projection
+        self.num_wide = 2 if config.kind == "r2r" else 1
+        self.norms = nn.ModuleList(nn.LayerNorm(h) for _ in range(self.num_wide))
+        self.projections = nn.ModuleList(nn.Linear(h, d) for _ in range(self.num_wide))
+        self.dropout = nn.Dropout(config.dropout)
+        inputs = self.num_wide * d + (config.top_k if config.kind == "r2r" else 0)
         self.mlp = nn.Sequential(
-            nn.Linear(config.input_size, config.width),
+            nn.Linear(inputs, config.width),
             nn.GELU(),
             nn.Linear(config.width, config.width),
             nn.GELU(),
@@ -101,9 +110,12 @@ class RouterNet(nn.Module):
         )
 
     def forward(self, features: torch.Tensor) -> torch.Tensor:
-        chunks = features.split(self.parts, dim=-1)
-        x = torch.cat([norm(c) for norm, c in zip(self.norms, chunks)], dim=-1)
-        return self.mlp(x).squeeze(-1)
+        h = self.config.hidden_size
+        wide = features[..., : self.num_wide * h].split(h, dim=-1)
+        parts = [self.dropout(proj(norm(x))) for norm, proj, x in zip(self.norms, self.projections, wide)]
+        if self.config.kind == "r2r":
+            parts.append(features[..., self.num_wide * h :].clamp(min=-30.0) / 10.0)
+        return self.mlp(torch.cat(parts, dim=-1)).squeeze(-1)
 
     @torch.no_grad()
     def probability(self, features: torch.Tensor) -> torch.Tensor:

@@ -154,7 +154,7 @@ def train_router(
     a `large_share` of tokens deferred. Returns the router (its config holds the threshold, the
     pair's identities and the held-out metrics) and the metrics. Deterministic for a seed.
 
-    `epochs` defaults to enough for about 300 optimizer steps, between 3 and 50 epochs."""
+    `epochs` defaults to enough for about 500 optimizer steps, between 3 and 50 epochs."""
     from tqdm.auto import tqdm
 
     if kind not in KINDS:
@@ -186,7 +186,7 @@ def train_router(
 
     steps_per_epoch = math.ceil(n / batch_size)
     if epochs is None:
-        epochs = max(3, min(50, math.ceil(300 / steps_per_epoch)))
+        epochs = max(3, min(50, math.ceil(500 / steps_per_epoch)))
     config = RouterConfig(
         kind=kind,
         hidden_size=labels.hidden_size,
