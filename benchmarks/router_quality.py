@@ -1,7 +1,7 @@
 """How much each routing policy sends to the large model, and how often it agrees with it.
 
-    python benchmarks/router_quality.py --labels runs/labels-demo --router r2r=runs/r2r-demo \\
-        [--router citer=DIR --router collm=DIR] [--tau 0.03] [--generate 8 --max-tokens 64]
+    python benchmarks/router_quality.py --labels runs/labels-demo --router R2R=runs/r2r-demo \\
+        [--router CITER=DIR --router CoLLM=DIR] [--tau 0.03] [--generate 8 --max-tokens 64]
 
 Two measurements, on the examples that `tokenrouter train-router` held out (same --heldout and
 --seed):
@@ -77,7 +77,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--labels", required=True)
-    p.add_argument("--router", action="append", default=[], metavar="KIND=DIR", help="a trained router; repeatable")
+    p.add_argument("--router", action="append", default=[], metavar="NAME=DIR", help="a trained router, shown as NAME; repeatable")
     p.add_argument("--tau", type=float, default=0.03, help="RStitch's threshold to compare with")
     p.add_argument("--heldout", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
@@ -89,10 +89,11 @@ def main() -> None:
     torch.set_num_threads(1)
 
     labels = Labels.load(args.labels)
-    routers = dict(r.split("=", 1) for r in args.router)
     systems = {"small alone": ("small", {}), "large alone": ("large", {}), f"RStitch(tau={args.tau})": ("rstitch", {"tau": args.tau})}
-    for kind, d in routers.items():
-        systems[kind.upper() if kind != "collm" else "CoLLM"] = (kind, {"router": d})
+    for entry in args.router:
+        name, d = entry.split("=", 1)
+        kind = json.loads((Path(d) / "router.json").read_text())["kind"]
+        systems[name] = (kind, {"router": d})
     common = dict(split="heldout", heldout=args.heldout, seed=args.seed)
     results = {name: {"teacher_forced": teacher_forced_eval(labels, pol, **kw, **common)} for name, (pol, kw) in systems.items()}
 
@@ -135,7 +136,7 @@ def main() -> None:
     print(line)
     for name, r in results.items():
         tf = r["teacher_forced"]
-        row = f"| {name} | {100 * tf['large_share']:.1f}% | {100 * tf['agreement']:.1f}% |"
+        row = f"| {name} | {100 * tf['large_share']:.1f}% | {100 * tf['agreement']:.2f}% |"
         if "generated" in r:
             g = r["generated"]
             row += f" {100 * g['large_share']:.1f}% | {100 * g['reproduced']:.1f}% |"

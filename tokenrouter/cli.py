@@ -559,7 +559,7 @@ def _train_router(args) -> int:
         f"({int(m['tokens_heldout'])} of {int(m['examples_heldout'])} examples held out) in {seconds:.1f} s"
     )
     target = (
-        f"target recall {100 * m['target_recall']:.0f}%" if "target_recall" in m
+        f"target recall {100 * m['target_recall']:g}%" if "target_recall" in m
         else f"target large-model share {100 * m['target_large_share']:.0f}%"
     )  # fmt: skip
     auc = f"{m['auc']:.3f}" if "auc" in m else "- (one class only)"
