@@ -156,7 +156,7 @@ def test_bad_routers_fail_before_any_request(tmp_path, tiny_pair, ref_models, to
     bad_json = tmp_path / "bad-json"
     bad_json.mkdir()
     (bad_json / "router.json").write_text("{not json")
-    with pytest.raises(ConfigError, match="not a valid router config"):
+    with pytest.raises(ConfigError, match="router.json is not a valid router file"):
         CITER(bad_json)
     with pytest.raises(ConfigError, match="holds a 'citer' router, not a 'r2r' one"):
         R2R(good)

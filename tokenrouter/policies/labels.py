@@ -40,11 +40,11 @@ from pathlib import Path
 from typing import Literal
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 from .base import normalized_entropy
-from .routers import R2R_TOP_K, ModelIdentity, model_identity
+from .routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
 
 LABELS_FILE = "labels.safetensors"
 META_FILE = "labels.json"
@@ -319,27 +319,12 @@ class Labels:
     @classmethod
     def load(cls, directory: str | Path) -> Labels:
         """Read a directory written by `save`; every problem is a ConfigError naming the file."""
-        from safetensors import SafetensorError
-        from safetensors.torch import load_file
-
         path = Path(directory)
-        if not path.is_dir():
-            raise ConfigError(f"labels: {path} is not a directory (expected {META_FILE} and {LABELS_FILE})")
-        meta_path, tensors_path = path / META_FILE, path / LABELS_FILE
-        if not meta_path.is_file():
-            raise ConfigError(f"labels: {meta_path} is missing; were the labels written by `tokenrouter label`?")
-        try:
-            meta = LabelsMeta.model_validate(json.loads(meta_path.read_text()))
-        except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
-            raise ConfigError(f"labels: {meta_path} is not a valid labels file: {_one_line(e)}") from None
+        meta, tensors, meta_path, tensors_path = read_saved(
+            path, "labels", META_FILE, LABELS_FILE, LabelsMeta, "tokenrouter label"
+        )
         if meta.version != VERSION:
             raise ConfigError(f"labels: {meta_path} has format version {meta.version}; this tokenrouter reads {VERSION}")
-        if not tensors_path.is_file():
-            raise ConfigError(f"labels: {tensors_path} is missing")
-        try:
-            tensors = load_file(tensors_path)
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ConfigError(f"labels: {tensors_path} is corrupt: {_one_line(e)}") from None
         missing = sorted(set(_TENSORS) - set(tensors))
         if missing:
             raise ConfigError(f"labels: {tensors_path} lacks the tensors {missing}")
@@ -360,10 +345,6 @@ class Labels:
         if labels.top_k != meta.top_k or labels.hidden_size != meta.hidden_size:
             raise ConfigError(f"labels: {tensors_path} does not match {meta_path} (top-k or hidden size differ)")
         return labels
-
-
-def _one_line(e: Exception) -> str:
-    return " ".join(str(e).split())
 
 
 # ---- the summary -----------------------------------------------------------------------------------

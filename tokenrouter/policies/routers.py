@@ -133,34 +133,48 @@ def save_router(net: RouterNet, directory: str | Path) -> Path:
     return out
 
 
-def load_router(directory: str | Path, kind: RouterKind) -> RouterNet:
-    """Load and check a saved router; every problem is a ConfigError naming the file."""
+def read_saved(directory: str | Path, what: str, meta_file: str, tensors_file: str, meta_model, hint: str):
+    """(validated metadata, tensors, metadata path, tensors path) of a directory holding a JSON
+    metadata file and a safetensors file (a router, or labels); every problem is a ConfigError
+    that names the file. `hint` says which command writes such a directory."""
     from safetensors import SafetensorError
     from safetensors.torch import load_file
 
     path = Path(directory)
     if not path.is_dir():
-        raise ConfigError(f"router: {path} is not a directory (expected {CONFIG_FILE} and {WEIGHTS_FILE})")
-    config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
-    if not config_path.is_file():
-        raise ConfigError(f"router: {config_path} is missing; was the router saved by `tokenrouter train-router`?")
+        raise ConfigError(f"{what}: {path} is not a directory (expected {meta_file} and {tensors_file})")
+    meta_path, tensors_path = path / meta_file, path / tensors_file
+    if not meta_path.is_file():
+        raise ConfigError(f"{what}: {meta_path} is missing; was it written by `{hint}`?")
     try:
-        config = RouterConfig.model_validate(json.loads(config_path.read_text()))
+        meta = meta_model.model_validate(json.loads(meta_path.read_text()))
     except (json.JSONDecodeError, UnicodeDecodeError, ValidationError) as e:
-        raise ConfigError(f"router: {config_path} is not a valid router config: {e}") from None
-    if config.kind != kind:
-        raise ConfigError(f"router: {path} holds a {config.kind!r} router, not a {kind!r} one")
-    if not weights_path.is_file():
-        raise ConfigError(f"router: {weights_path} is missing")
+        raise ConfigError(f"{what}: {meta_path} is not a valid {what} file: {_one_line(e)}") from None
+    if not tensors_path.is_file():
+        raise ConfigError(f"{what}: {tensors_path} is missing")
     try:
-        state = load_file(weights_path)
+        tensors = load_file(tensors_path)
     except (SafetensorError, OSError, ValueError) as e:
-        raise ConfigError(f"router: {weights_path} is corrupt: {e}") from None
+        raise ConfigError(f"{what}: {tensors_path} is corrupt: {_one_line(e)}") from None
+    return meta, tensors, meta_path, tensors_path
+
+
+def _one_line(e: Exception) -> str:
+    return " ".join(str(e).split())
+
+
+def load_router(directory: str | Path, kind: RouterKind) -> RouterNet:
+    """Load and check a saved router; every problem is a ConfigError naming the file."""
+    config, state, config_path, weights_path = read_saved(
+        directory, "router", CONFIG_FILE, WEIGHTS_FILE, RouterConfig, "tokenrouter train-router"
+    )
+    if config.kind != kind:
+        raise ConfigError(f"router: {Path(directory)} holds a {config.kind!r} router, not a {kind!r} one")
     net = RouterNet(config)
     try:
         net.load_state_dict(state)
     except RuntimeError as e:
-        raise ConfigError(f"router: {weights_path} does not match {config_path}: {e}") from None
+        raise ConfigError(f"router: {weights_path} does not match {config_path}: {_one_line(e)}") from None
     return net.eval()
 
 
