@@ -68,8 +68,10 @@ class AutoBatching:
     `prediction` is the current choice and what it predicts.
     """
 
-    MIN_OBSERVED_TOKENS = 64  # sampled tokens on the entry model before B may leave 1
-    _OBS_HALF_LIFE_S = 5.0  # observations decay: the routing a while ago counts less
+    MIN_OBSERVED_TOKENS = 32  # sampled tokens on the entry model (decayed) before B may leave 1
+    # Observations decay: the routing a while ago counts less. The half-life must hold enough
+    # tokens at CPU speeds too: at 2 tokens/s, 30 s keep ~90 (decayed), above the minimum.
+    _OBS_HALF_LIFE_S = 30.0
     _MAX_MODEL_CONCURRENCY = 128  # the chain has C + 1 states; one choice of B costs ~0.4 s at 128
 
     def __init__(
