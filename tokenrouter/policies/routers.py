@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from pathlib import Path
 from typing import Literal
 
@@ -130,7 +131,15 @@ def save_router(net: RouterNet, directory: str | Path) -> Path:
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
     save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "kind": net.config.kind})
     (out / CONFIG_FILE).write_text(net.config.model_dump_json(indent=2) + "\n")
+    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
+        os.chmod(f, 0o666 & ~_umask())  # safetensors may write 0600
     return out
+
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def read_saved(directory: str | Path, what: str, meta_file: str, tensors_file: str, meta_model, hint: str):
