@@ -523,3 +523,39 @@ def test_bad_label_train_and_routing_arguments_give_one_line_and_exit_2(argv, me
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("tokenrouter"), err
     assert message in err, err
+
+
+def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_path, capsys):
+    """A JSONL line may leave the response out: the largest model writes it (greedy, through the
+    engine), and labelling goes on over it."""
+    from tokenrouter import Single
+    from tokenrouter.policies.labels import generate_responses
+
+    data = tmp_path / "prompts.jsonl"
+    data.write_text(
+        json.dumps({"prompt": "def add(a, b):", "response": "    return a + b"}) + "\n"
+        + json.dumps({"prompt": "The quick brown fox"}) + "\n"
+    )  # fmt: skip
+    with pytest.raises(ConfigError, match=r"prompts.jsonl:2: missing 'response'"):
+        read_jsonl(data)
+    examples = read_jsonl(data, need_response=False)
+    assert examples[1]["response"] is None
+    filled = generate_responses(tiny_pair["large"], examples, max_tokens=12, dtype="float64", num_threads=1)
+    assert filled[0] == examples[0]  # an example with a response is left as it is
+
+    async def greedy():
+        spec = ModelSpec(path=tiny_pair["large"], dtype="float64")
+        async with Engine(models={"m": spec}, policy=Single("m"), num_threads=1) as engine:
+            messages = [{"role": "user", "content": "The quick brown fox"}]
+            return await engine.generate(messages, SamplingParams(temperature=0, max_tokens=12))
+
+    assert filled[1]["response"] == anyio.run(greedy).text
+
+    out = tmp_path / "labels"
+    argv = ["label", *[f"--model={n}={p}" for n, p in tiny_pair.items()], "--data", str(data), "--out", str(out),
+            "--max-tokens-per-example", "12", "--dtype", "float64", "--threads", "1", "--json"]  # fmt: skip
+    code, stdout, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "large writes the response of 1 example(s)" in err
+    labels = Labels.load(out)
+    assert labels.num_examples == 2 and "responses by the largest model" in labels.source

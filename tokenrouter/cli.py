@@ -197,7 +197,8 @@ def build_parser() -> argparse.ArgumentParser:
     data = lab.add_mutually_exclusive_group(required=True)
     data.add_argument(
         "--data", metavar="FILE.jsonl",
-        help='the corpus: JSON Lines, one {"prompt": text or chat messages, "response": text} per line',
+        help='the corpus: JSON Lines, one {"prompt": text or chat messages, "response": text} per line; '
+        "a line without a response gets the largest model's own greedy answer",
     )  # fmt: skip
     data.add_argument(
         "--python-corpus", type=_positive_int, metavar="N",
@@ -503,7 +504,7 @@ async def _chat(args) -> int:
 
 
 def _label(args) -> int:
-    from .policies.labels import label, python_corpus, read_jsonl
+    from .policies.labels import generate_responses, label, python_corpus, read_jsonl
 
     given = list(args.model) or list(store.DEFAULT_MODELS.items())
     names = [n for n, _ in given]
@@ -511,13 +512,23 @@ def _label(args) -> int:
         raise UsageError("--model: each NAME may be given once")
     if len(given) < 2:
         raise UsageError("label needs two or more --model NAME=PATH, smallest first")
-    examples = read_jsonl(args.data) if args.data is not None else None  # a bad file fails before any pull
+    # A bad file fails before any pull; lines without a response get the largest model's own.
+    examples = read_jsonl(args.data, need_response=False) if args.data is not None else None
     models = {n: _model_path(n, w, not args.no_pull) for n, w in given}
+    t0 = time.perf_counter()
     if examples is None:
         examples, source = python_corpus(args.python_corpus, args.seed), f"python_corpus({args.python_corpus}, seed={args.seed})"
     else:
         source = str(args.data)
-    t0 = time.perf_counter()
+        missing = sum(e["response"] is None for e in examples)
+        if missing:
+            writer, path = list(models.items())[-1]
+            _status(f"{writer} writes the response of {missing} example(s), greedy, up to {args.max_tokens_per_example} tokens ...")
+            examples = generate_responses(
+                path, examples, args.max_tokens_per_example, dtype=args.dtype,
+                num_threads=args.threads,
+            )  # fmt: skip
+            source += " (responses by the largest model)"
     _status(f"labelling {len(examples)} examples with {', '.join(f'{n}={p.name}' for n, p in models.items())} ...")
     labels = label(models, examples, max_tokens_per_example=args.max_tokens_per_example, dtype=args.dtype, source=source)
     seconds = time.perf_counter() - t0

@@ -34,7 +34,7 @@ import random
 import sys
 import sysconfig
 import textwrap
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -140,13 +140,13 @@ def python_corpus(n: int, seed: int = 0) -> list[dict]:
     return [dict(e) for e in pool[:n]]
 
 
-def _check_example(e, where: str) -> dict:
+def _check_example(e, where: str, need_response: bool = True) -> dict:
     if not isinstance(e, Mapping):
         raise ConfigError(f"{where}: expected an object with \"prompt\" and \"response\", got {type(e).__name__}")
-    missing = [k for k in ("prompt", "response") if k not in e]
+    missing = [k for k in ("prompt", "response") if k not in e and (k == "prompt" or need_response)]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(repr(k) for k in missing)}")
-    prompt, response = e["prompt"], e["response"]
+    prompt, response = e["prompt"], e.get("response")
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ConfigError(f"{where}: \"prompt\" is empty")
@@ -158,6 +158,8 @@ def _check_example(e, where: str) -> dict:
                 raise ConfigError(f"{where}: \"prompt\"[{i}] must be a chat message {{\"role\": str, \"content\": str}}")
     else:
         raise ConfigError(f"{where}: \"prompt\" must be a string or a list of chat messages, got {type(prompt).__name__}")
+    if response is None and not need_response:
+        return {"prompt": prompt, "response": None}
     if not isinstance(response, str):
         raise ConfigError(f"{where}: \"response\" must be a string, got {type(response).__name__}")
     if not response:
@@ -165,9 +167,10 @@ def _check_example(e, where: str) -> dict:
     return {"prompt": prompt, "response": response}
 
 
-def read_jsonl(path: str | Path) -> list[dict]:
+def read_jsonl(path: str | Path, need_response: bool = True) -> list[dict]:
     """Examples from a JSON Lines file, one {"prompt": str | [chat messages], "response": str} per
-    line (blank lines skipped). A bad line is a ConfigError naming the file and line number."""
+    line (blank lines skipped). With `need_response=False` a line may leave the response out
+    (`generate_responses` fills it). A bad line is a ConfigError naming the file and line number."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
@@ -184,10 +187,47 @@ def read_jsonl(path: str | Path) -> list[dict]:
             record = json.loads(line)
         except json.JSONDecodeError as e:
             raise ConfigError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
-        examples.append(_check_example(record, where))
+        examples.append(_check_example(record, where, need_response))
     if not examples:
         raise ConfigError(f"{path}: no examples (expected one JSON object per line)")
     return examples
+
+
+def generate_responses(
+    model: str | Path, examples: Sequence[Mapping], max_tokens: int, dtype: str = "auto", num_threads: int | None = None
+) -> list[dict]:
+    """Fill in the examples that have no response with `model`'s own greedy answer (served by the
+    engine, all at once, through the chat template), so that labels can be made from prompts alone."""
+    import anyio
+
+    from ..api import Engine
+    from ..config import ModelSpec, SamplingParams
+    from .single import Single
+
+    todo = [i for i, e in enumerate(examples) if e.get("response") is None]
+    out = [dict(e) for e in examples]
+    if not todo:
+        return out
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    spec = ModelSpec(path=model, dtype=dtype)
+
+    async def run():
+        async with Engine(models={"writer": spec}, policy=Single("writer"), num_threads=num_threads) as engine:
+
+            async def one(i):
+                prompt = examples[i]["prompt"]
+                messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
+                result = await engine.generate(messages, params)
+                if result.finish_reason not in ("stop", "length") or not result.text:
+                    raise ConfigError(f"example {i}: the model wrote no response ({result.finish_reason}: {result.error})")
+                out[i]["response"] = result.text
+
+            async with anyio.create_task_group() as tg:
+                for i in todo:
+                    tg.start_soon(one, i)
+
+    anyio.run(run)
+    return out
 
 
 # ---- labels -----------------------------------------------------------------------------------------
