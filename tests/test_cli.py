@@ -51,7 +51,7 @@ def test_every_help_is_complete(command, capsys):
     assert out.startswith("usage: tokenrouter")
     expected = {
         (): ["generate", "chat", "pull", "models", "label", "train-router", "--version"],
-        ("generate",): ["PROMPT".lower(), "--json", "--raw", "--policy", "--tau", "--model NAME=PATH", "--max-tokens",
+        ("generate",): ["prompt", "--json", "--raw", "--policy", "--tau", "--model NAME=PATH", "--max-tokens",
                         "--temperature", "--seed", "--threads", "--no-color", "--no-pull", "--router DIR", "--threshold",
                         "--taus", "citer", "r2r", "collm", "escalation"],
         ("chat",): ["/reset", "--policy", "--tau", "--model NAME=PATH", "--max-tokens", "--temperature", "--seed"],

@@ -112,11 +112,12 @@ class ModelSpec(BaseModel):
     def _store_name(cls, v):
         """A store name ("qwen-coder-0.5b") that is not also a local path means the store's copy."""
         from . import store
+        from .errors import ModelLoadError
 
         if isinstance(v, (str, Path)) and str(v) in store.MODELS and not Path(v).exists():
             try:
                 return store.resolve(str(v))
-            except Exception as e:  # pydantic reports ValueError with the field name
+            except ModelLoadError as e:  # pydantic reports a ValueError with the field name
                 raise ValueError(str(e)) from None
         return v
 

@@ -133,7 +133,7 @@ class Worker:
         self.time_step = 0.0
         self.time_idle = 0.0
         self.time_waiting_for_batch = 0.0
-        # what the throughput model observes (api.py, delayed_batching="auto"); ints, read from any thread
+        # what the throughput model observes (engine/auto_batching.py, delayed_batching="auto"); ints, read from any thread
         self.rows_stepped = 0  # sum of batch sizes over steps
         self.rows_sampled = 0  # tokens sampled (rows whose last token was computed)
         self.tokens_kept = 0  # sampled tokens the policy kept

@@ -13,5 +13,6 @@ from .deferral import OneTokenDeferral
 class CITER(OneTokenDeferral):
     kind = "citer"
 
-    def defer(self, p: torch.Tensor) -> torch.Tensor:
-        return p < self.threshold
+    @staticmethod
+    def defer(p: torch.Tensor, threshold: float) -> torch.Tensor:
+        return p < threshold

@@ -12,5 +12,6 @@ from .deferral import OneTokenDeferral
 class CoLLM(OneTokenDeferral):
     kind = "collm"
 
-    def defer(self, p: torch.Tensor) -> torch.Tensor:
-        return p > self.threshold
+    @staticmethod
+    def defer(p: torch.Tensor, threshold: float) -> torch.Tensor:
+        return p > threshold

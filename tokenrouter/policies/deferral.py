@@ -55,15 +55,17 @@ class OneTokenDeferral(Policy):
         features = router_features(cfg.kind, result.hidden, result.token_embedding, result.logits, cfg.top_k)
         return self.router.probability(features)
 
-    def defer(self, p: torch.Tensor) -> torch.Tensor:
-        """Rows whose token the large model writes instead."""
+    @staticmethod
+    def defer(p: torch.Tensor, threshold: float) -> torch.Tensor:
+        """Rows whose token the large model writes instead, for router outputs p (training picks
+        thresholds with this same comparison)."""
         raise NotImplementedError
 
     def route(self, result: StepResult) -> Route:
         if result.model == self.large:  # one token, then back to the small model
             keep = torch.ones(len(result), dtype=torch.bool)
             return Route(keep=keep, next_model=torch.zeros(len(result), dtype=torch.long))
-        deferred = self.defer(self.probability(result)).cpu()
+        deferred = self.defer(self.probability(result), self.threshold).cpu()
         return Route(keep=~deferred, next_model=deferred.long())
 
     def __repr__(self) -> str:

@@ -15,5 +15,6 @@ class R2R(OneTokenDeferral):
     kind = "r2r"
     requires = frozenset({HIDDEN, TOKEN_EMBEDDING})
 
-    def defer(self, p: torch.Tensor) -> torch.Tensor:
-        return p >= self.threshold
+    @staticmethod
+    def defer(p: torch.Tensor, threshold: float) -> torch.Tensor:
+        return p >= threshold

@@ -46,10 +46,7 @@ def _policy_class(kind: str):
 
 def defer(kind: str, p: torch.Tensor, threshold: float) -> torch.Tensor:
     """Rows the policy of this kind sends to the large model: its own `defer`, applied to p."""
-    cls = _policy_class(kind)
-    probe = cls.__new__(cls)  # `defer` only reads the threshold
-    probe.threshold = float(threshold)
-    return cls.defer(probe, p)
+    return _policy_class(kind).defer(p, float(threshold))
 
 
 def features(labels: Labels, kind: str, rows: torch.Tensor | None = None) -> torch.Tensor:
