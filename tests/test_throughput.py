@@ -17,6 +17,8 @@ from tokenrouter.policies import RStitch
 from tokenrouter.throughput import (
     LatencyModel,
     RoutingStats,
+    TableLatency,
+    binomial_pmf,
     choose_b,
     expected_wait,
     predict,
@@ -101,6 +103,50 @@ def test_one_request_matches_the_hand_solution():
     pi_small = (h_l / t_l) / (h_s / t_s + h_l / t_l)
     assert math.isclose(pred.distribution[1], pi_small, rel_tol=1e-9)
     assert math.isclose(pred.tokens_per_s, pi_small * k_s / t_s + (1 - pi_small) / t_l, rel_tol=1e-9)
+
+
+@pytest.mark.parametrize("lat", [LAT, "table"])
+def test_always_handing_off_alternates_every_step(lat):
+    """h = 1 on both models (p = 1): one request alternates after every step, each arrival with
+    its catch-up, so X = (k_S + k_L) / (T_S + T_L)."""
+    if lat == "table":
+        lat = {"small": TableLatency((1, 4, 16), (0.01, 0.03, 0.05)), "large": TableLatency((1, 8), (0.04, 0.2), 2.0)}
+    k_s, u_s, u_l = 0.6, 3.0, 5.0
+    pred = predict(lat, _rt(1.0, 1.0, k_s=k_s, u_s=u_s, u_l=u_l), 1)
+    t_s = float(lat["small"].expected(1, 1.0, u_s))
+    t_l = float(lat["large"].expected(1, 1.0, u_l))
+    assert math.isclose(pred.distribution[1], t_s / (t_s + t_l), rel_tol=1e-6)
+    assert math.isclose(pred.tokens_per_s, (k_s + 1.0) / (t_s + t_l), rel_tol=1e-6)
+
+
+def test_table_latency_reads_the_profile():
+    # repeated token counts are averaged; a dip (8 tokens cheaper than 4) is pooled away
+    t = TableLatency.from_points([(1, 0.1), (4, 0.3), (4, 0.5), (8, 0.2), (16, 0.6)])
+    assert t.tokens == (1, 4, 8, 16)
+    assert t.seconds == pytest.approx((0.1, 0.3, 0.3, 0.6))
+    assert t(2) == pytest.approx(0.1 + 0.2 / 3)  # linear between points
+    assert t(16, 16) == pytest.approx(0.6 + 16 * 0.3 / 8)  # beyond the last: along the last segment
+    assert t.with_scale(2.0)(1) == pytest.approx(0.2)
+    # a step of 3 rows, each returning with probability 0.4 with 5 tokens instead of 1
+    pmf = binomial_pmf(3, 0.4)
+    by_hand = sum(pmf[x] * float(t.at(3 + 4 * x)) for x in range(4))
+    assert t.expected(3, 0.4, 5.0) == pytest.approx(by_hand)
+    np.testing.assert_allclose(t.expected(np.array([3, 3, 1]), 0.4, 5.0), [by_hand, by_hand, t.expected(1, 0.4, 5.0)])
+    for bad in [dict(tokens=(), seconds=()), dict(tokens=(2, 1), seconds=(1, 1)), dict(tokens=(1,), seconds=(0.0,)),
+                dict(tokens=(1,), seconds=(1.0,), scale=0.0)]:  # fmt: skip
+        with pytest.raises(ValueError, match="TableLatency"):
+            TableLatency(**bad)
+
+
+def test_calibration_scales_the_profile_to_the_steps_observed():
+    from tokenrouter.engine.auto_batching import MIN_CALIBRATION_STEPS, calibrate
+
+    t = TableLatency((1, 10), (0.1, 1.0))
+    steps = {1: 8.0, 10: 4.0}  # 8 one-token steps and 4 ten-token ones: 4.8 s by the profile
+    got = calibrate(t, {"steps": 12, "step_tokens": steps, "time_step": 7.2})
+    assert got.scale == pytest.approx(1.5) and got.tokens == t.tokens
+    assert calibrate(t, {"steps": MIN_CALIBRATION_STEPS - 1, "step_tokens": {1: 9.0}, "time_step": 9.0}) is t
+    assert calibrate(t, {"steps": 12, "step_tokens": steps, "time_step": 1e6}).scale == 4.0  # bounded
 
 
 def test_expected_wait_by_hand():

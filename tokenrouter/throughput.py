@@ -9,7 +9,11 @@ worker m completes a step with probability tau / T_m, where
     c_m    = h_m * u_m * b_m                               catch-up tokens in the step (a request
                                                            arrives once per 1/h_m steps on m, with
                                                            u_m unseen tokens)
-    L_m    = a_m + s_m * b_m + k_m * c_m                   measured step latency (LatencyModel)
+    L_m    = a_m + s_m * b_m + k_m * c_m                   measured step latency (LatencyModel), or
+             E_x[f_m(b_m + x (u_m - 1))], x ~ Bin(b_m, h_m)  read off the measured profile as a
+                                                           function of the tokens in the step
+                                                           (TableLatency): x rows are returning
+                                                           requests with u_m tokens instead of 1
     W_m    = E[min(Erlang(B_m - n_m, lambda_m), w)]        delayed-batching hold when 1 <= n_m < B_m:
                                                            the worker waits at most w = batch_wait_s or
                                                            until B_m - n_m hand-offs arrive, at rate
@@ -73,6 +77,85 @@ class LatencyModel:
     def __call__(self, b, c=0.0):
         return self.a + self.s * b + self.k * c
 
+    def expected(self, b, h: float, u: float):
+        """Mean latency of a step of b rows when each is a returning request with probability h,
+        with u catch-up tokens (linear, so the mean catch-up is enough)."""
+        return self(b, h * u * np.asarray(b, dtype=float))
+
+
+@dataclass(frozen=True)
+class TableLatency:
+    """A model's step latency as measured: seconds against the tokens in the step, linear between
+    the measured points (and beyond the last, along the last segment), times `scale`.
+
+    Why not a line: on a CPU a one-token step is a matrix-vector product and costs about half of a
+    two-token one, and a GPU step is flat until the batch fills the device; a line through all the
+    points misses both. `scale` is what online calibration adjusts (the other model's steps, longer
+    contexts and the work around the forward all make real steps slower than the profile's)."""
+
+    tokens: tuple[float, ...]
+    seconds: tuple[float, ...]
+    scale: float = 1.0
+
+    def __post_init__(self):
+        t, y = self.tokens, self.seconds
+        if not t or len(t) != len(y):
+            raise ValueError("TableLatency: tokens and seconds must be non-empty and of equal length")
+        if any(not (math.isfinite(v) and v >= 1) for v in t) or any(b <= a for a, b in zip(t, t[1:])):
+            raise ValueError(f"TableLatency.tokens: must be increasing numbers >= 1, got {t!r}")
+        if any(not (math.isfinite(v) and v > 0) for v in y):
+            raise ValueError(f"TableLatency.seconds: must be finite and > 0, got {y!r}")
+        if not (math.isfinite(self.scale) and self.scale > 0):
+            raise ValueError(f"TableLatency.scale: must be finite and > 0, got {self.scale!r}")
+
+    @classmethod
+    def from_points(cls, points, scale: float = 1.0) -> TableLatency:
+        """From (tokens, seconds) pairs in any order: repeated token counts are averaged, and the
+        curve is made non-decreasing (pool-adjacent-violators), since more tokens never cost less."""
+        by: dict[float, list[float]] = {}
+        for n, sec in points:
+            by.setdefault(float(n), []).append(float(sec))
+        tokens = sorted(by)
+        blocks: list[list[float]] = []  # [sum, count, width] of pooled runs
+        for n in tokens:
+            blocks.append([sum(by[n]) / len(by[n]), 1.0, 1])
+            while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                s, c, w = blocks.pop()
+                blocks[-1][0] += s
+                blocks[-1][1] += c
+                blocks[-1][2] += w
+        seconds = [s / c for s, c, w in blocks for _ in range(w)]
+        return cls(tuple(tokens), tuple(seconds), scale)
+
+    def with_scale(self, scale: float) -> TableLatency:
+        return TableLatency(self.tokens, self.seconds, scale)
+
+    def at(self, n):
+        """Unscaled seconds for n tokens in a step (elementwise)."""
+        n = np.asarray(n, dtype=float)
+        t, y = np.asarray(self.tokens), np.asarray(self.seconds)
+        out = np.interp(n, t, y)
+        if len(t) > 1:
+            slope = max(0.0, (y[-1] - y[-2]) / (t[-1] - t[-2]))
+            out = np.where(n > t[-1], y[-1] + slope * (n - t[-1]), out)
+        return out
+
+    def __call__(self, b, c=0.0):
+        return self.scale * self.at(np.asarray(b, dtype=float) + c)
+
+    def expected(self, b, h: float, u: float):
+        """Mean latency of a step of b rows of which x ~ Bin(b, h) are returning requests with u
+        tokens each (the curve is not linear, so the mix matters, not just the mean)."""
+        b = np.asarray(b, dtype=int)
+        out = np.zeros(b.shape, dtype=float)
+        for v in np.unique(b):
+            x = np.arange(v + 1)
+            out[b == v] = self.scale * float(binomial_pmf(int(v), h) @ self.at(v + x * max(u - 1.0, 0.0)))
+        return out if out.ndim else float(out)
+
+
+StepLatency = LatencyModel | TableLatency
+
 
 @dataclass(frozen=True)
 class RoutingStats:
@@ -100,7 +183,7 @@ class ThroughputPrediction:
     per_token_latency_s: float | None  # mean seconds per output token of one request (C / tokens_per_s)
     concurrency: int
     routing: dict[str, RoutingStats] = field(default_factory=dict)
-    latency: dict[str, LatencyModel] = field(default_factory=dict)
+    latency: dict[str, StepLatency] = field(default_factory=dict)
     batch_wait_s: float = 0.0
     shared_device: float = 0.0  # sigma
     mean_requests: dict[str, float] = field(default_factory=dict)  # E[requests on each model]
@@ -201,7 +284,7 @@ class _Pair:
         for i in range(2):
             lat, rt, b = self.lat[i], self.rt[i], self.b[i]
             with np.errstate(divide="ignore"):
-                self.L.append(np.where(b > 0, lat(b, rt.h * rt.catch_up_tokens * b), np.inf))
+                self.L.append(np.where(b > 0, lat.expected(b, rt.h, rt.catch_up_tokens), np.inf))
         # arrivals into model i come from the other's un-held steps
         self.rate = []
         for i in range(2):
@@ -278,7 +361,7 @@ class _Pair:
 
 
 def transition_matrix(
-    latency: Mapping[str, LatencyModel],
+    latency: Mapping[str, StepLatency],
     routing: Mapping[str, RoutingStats],
     concurrency: int,
     batch_min: Mapping[str, int] | None = None,
@@ -358,7 +441,7 @@ def _prediction(pair: _Pair, B, X, pi, T, routing, latency, baseline, bound, not
 def _single(name, latency, routing, C, batch_wait_s, max_batch, bound) -> ThroughputPrediction:
     cap = int((max_batch or {}).get(name, C))
     b = min(C, cap)
-    X = b * routing[name].k / latency[name](b, 0.0)
+    X = b * routing[name].k / float(latency[name](b, 0.0))
     lat = C / X if X > 0 else math.inf
     return ThroughputPrediction(
         batch_min={name: 1},
@@ -369,7 +452,7 @@ def _single(name, latency, routing, C, batch_wait_s, max_batch, bound) -> Throug
         latency={name: latency[name]},
         batch_wait_s=batch_wait_s,
         mean_requests={name: float(C)},
-        step_s={name: latency[name](b, 0.0)},
+        step_s={name: float(latency[name](b, 0.0))},
         distribution=(1.0,),
         baseline_tokens_per_s=X,
         meets_latency_bound=None if bound is None else lat <= bound,
@@ -378,7 +461,7 @@ def _single(name, latency, routing, C, batch_wait_s, max_batch, bound) -> Throug
 
 
 def predict(
-    latency: Mapping[str, LatencyModel],
+    latency: Mapping[str, StepLatency],
     routing: Mapping[str, RoutingStats],
     concurrency: int,
     batch_min: Mapping[str, int] | None = None,
@@ -416,7 +499,7 @@ def _many(names, latency, routing, C, batch_wait_s) -> ThroughputPrediction:
 
 
 def choose_b(
-    latency: Mapping[str, LatencyModel],
+    latency: Mapping[str, StepLatency],
     routing: Mapping[str, RoutingStats],
     concurrency: int,
     batch_wait_s: float = 0.02,

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
-from ..throughput import LatencyModel, RoutingStats, ThroughputPrediction, choose_b
+from ..throughput import RoutingStats, TableLatency, ThroughputPrediction, choose_b
 from . import latency_profile
 from .latency_profile import LatencyProfile
 
@@ -172,10 +172,15 @@ class AutoBatching:
         sources[_BUSY] = lambda: {"area": self._inflight[2], "seconds": self._inflight[3]}
         for m, read in sources.items():
             counters = read()
-            seen = self._seen.get(m, dict.fromkeys(counters, 0))
-            obs = self._obs.setdefault(m, dict.fromkeys(counters, 0.0))
+            seen = self._seen.get(m, {})
+            obs = self._obs.setdefault(m, {})
             for key, value in counters.items():
-                obs[key] = obs[key] * decay + (value - seen[key])
+                if isinstance(value, dict):  # a histogram: decay each bin
+                    was, hist = seen.get(key, {}), obs.setdefault(key, {})
+                    for k in hist.keys() | value.keys():
+                        hist[k] = hist.get(k, 0.0) * decay + (value.get(k, 0) - was.get(k, 0))
+                else:
+                    obs[key] = obs.get(key, 0.0) * decay + (value - seen.get(key, 0))
             self._seen[m] = counters
         return self._obs
 
@@ -231,7 +236,7 @@ class AutoBatching:
                 )
                 return
             routing: dict[str, RoutingStats] = {}
-            latency: dict[str, LatencyModel] = {}
+            latency: dict[str, TableLatency] = {}
             for m in [entry] + [n for n in names if n != entry]:  # the chain starts on the entry model
                 o = obs[m]
                 rows = o["rows_sampled"]
@@ -240,19 +245,12 @@ class AutoBatching:
                     k=min(1.0, o["tokens_kept"] / rows) if rows > 0 else 1.0,
                     catch_up_tokens=o["catchup_tokens"] / o["catchups"] if o["catchups"] > 0 else 0.0,
                 )
-                fit = profiles[m].fit
-                a = fit.a
-                if o["steps"] >= 10:  # calibrate: what a step costs beyond the forward (sampling, routing, ...)
-                    mean_b = o["rows_stepped"] / o["steps"]
-                    mean_c = max(0.0, o["tokens_processed"] / o["steps"] - mean_b)
-                    a = max(0.5 * fit.a, fit.a + o["time_step"] / o["steps"] - fit(mean_b, mean_c))
-                latency[m] = LatencyModel(a=a, s=fit.s, k=fit.k)
+                latency[m] = calibrate(profiles[m].table, o)
             C = min(self._concurrency, self._MAX_MODEL_CONCURRENCY)
             sigma = self._shared_device(names)
             bound = self._settings.auto_latency_bound_s
             inputs = (C, sigma, bound, *[
-                v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens,
-                                             latency[m].a, latency[m].s, latency[m].k)
+                v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
             ])  # fmt: skip
             if self._prediction is not None and self._inputs is not None and _close(inputs, self._inputs):
                 return  # nothing moved enough to re-pick
@@ -274,6 +272,23 @@ class AutoBatching:
 
 
 _BUSY = ("requests in flight",)  # a key no model name can equal
+MIN_CALIBRATION_STEPS = 10
+SCALE_LIMITS = (0.25, 4.0)
+
+
+def calibrate(table: TableLatency, observed: Mapping) -> TableLatency:
+    """Scale the profile so that the steps the worker ran, at the token counts they had, take the
+    time they took. Real steps run slower than the profile's: the other model steps at the same
+    time on the same memory, contexts are longer, and sampling and routing add to the forward."""
+    hist = observed.get("step_tokens") or {}
+    if observed.get("steps", 0) < MIN_CALIBRATION_STEPS or not hist:
+        return table
+    tokens = list(hist)
+    expected = float(table.at(tokens) @ [hist[n] for n in tokens])
+    if expected <= 0:
+        return table
+    lo, hi = SCALE_LIMITS
+    return table.with_scale(min(hi, max(lo, observed["time_step"] / expected)))
 
 
 def _close(x: tuple, y: tuple, rtol: float = 0.05) -> bool:

@@ -7,8 +7,10 @@ sequences whose KV blocks come from (and go back to) the worker's BlockManager, 
 handles a "profile" message; `Engine.profile()` sends it). Each point is the median of a few
 timed runs of forward + reading the sampled tokens back (so a GPU step is waited for).
 
-The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max);
-`LatencyModel` (a + s*b + k*c) is fitted to it by least squares with s, k >= 0. Profiles are
+The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max).
+The throughput model reads it as `TableLatency`, seconds against the tokens in the step (b + c),
+which is what a step's cost follows (b decode rows and one row of c cost about what b + c decode
+rows do); `LatencyModel` (a + s*b + k*c, least squares with s, k >= 0) is kept as a summary. Profiles are
 cached as JSON under the store home, `profiles/<key>.json`, keyed by the model path, dtype,
 device, block size, torch threads and the grid, and reused.
 """
@@ -30,7 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
-from ..throughput import LatencyModel
+from ..throughput import LatencyModel, TableLatency
 from .model_runner import ScheduledBatch
 from .sequence import Request, SeqStatus, Sequence
 
@@ -68,7 +70,12 @@ class LatencyProfile:
     path: Path | None = None  # where it is cached
 
     def latency(self, b: float, c: float = 0.0) -> float:
-        return self.fit(b, c)
+        return float(self.table(b, c))
+
+    @property
+    def table(self) -> TableLatency:
+        """Seconds against tokens in the step, from the measured points."""
+        return TableLatency.from_points((p.b + p.c, p.latency_s) for p in self.points)
 
     def to_json(self) -> dict:
         return {

@@ -139,6 +139,7 @@ class Worker:
         self.tokens_kept = 0  # sampled tokens the policy kept
         self.catchups = 0  # requests arrived from a peer
         self.catchup_tokens = 0  # tokens they needed computed on arrival
+        self.step_tokens: dict[int, int] = {}  # steps by the tokens they computed (a plain dict: copy() is atomic)
         self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread
 
     def setup(self) -> None:
@@ -218,8 +219,9 @@ class Worker:
             future.set_exception(RuntimeError(f"worker {self.name!r} is not running: {self.error or 'stopped'}"))
         return future
 
-    def routing_counters(self) -> dict[str, float]:
-        """Counters the throughput model reads (plain numbers; a snapshot is not atomic, and need not be)."""
+    def routing_counters(self) -> dict[str, float | dict[int, int]]:
+        """Counters the throughput model reads (plain numbers, and steps by tokens computed; a
+        snapshot is not atomic, and need not be)."""
         return {
             "steps": self.steps,
             "rows_stepped": self.rows_stepped,
@@ -230,6 +232,7 @@ class Worker:
             "catchups": self.catchups,
             "catchup_tokens": self.catchup_tokens,
             "time_step": self.time_step,
+            "step_tokens": self.step_tokens.copy(),
         }
 
     def join(self, timeout: float | None = None) -> bool:
@@ -482,8 +485,10 @@ class Worker:
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.num_computed += n
             seq.num_fed += n
-            self.tokens_processed += n
             self.blocks.register_full_blocks(seq)
+        n_tokens = sum(batch.num_new)
+        self.tokens_processed += n_tokens
+        self.step_tokens[n_tokens] = self.step_tokens.get(n_tokens, 0) + 1
         seqs = [batch.seqs[r] for r in out.sample_rows]
         if not seqs:
             return
