@@ -2,15 +2,16 @@
 concurrency levels under delayed_batching="auto", and the B it picks against a sweep of fixed B.
 
     python benchmarks/bench_throughput_model.py [--concurrency 1 4 16] [--sweep 1 2 4 8 16]
-        [--warmup 20] [--seconds 45] [--max-tokens 32] [--tau 0.03] [--threads 1]
+        [--repeats 2] [--warmup 20] [--seconds 45] [--max-tokens 32] [--tau 0.03] [--threads 1]
 
 Models: the demo pair from the store (`tokenrouter pull demo`), RStitch(tau). Each level runs a
 closed loop: C clients, each sending held-out-style prompts (Python standard-library functions to
 write) one after another, greedy. Tokens are counted as they stream in, over the measured
 window, after the warm-up. The prediction is `engine.throughput_prediction(refresh=True)` at
 the end of the window: the model is fed the routing and step times the engine observed.
-For the sweep, the same traffic runs at the largest C with B fixed for both models; the model's
-prediction for each B comes from the routing observed in the "auto" run at that C.
+For the sweep, the same traffic runs at the largest C with B fixed for both models, --repeats
+times, interleaved (median shown); the model's prediction for each B comes from the routing
+observed in the "auto" run at that C.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -80,18 +82,26 @@ async def main(args) -> dict:
             print(f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True)
     c = max(args.concurrency)
     auto = observed[c]
+    measured: dict[int, list[float]] = {b: [] for b in args.sweep}
+    for rep in range(args.repeats):  # interleaved, so drift of the machine hits every B alike
+        for b in args.sweep:
+            batch = {m: b for m in policy.models}
+            async with Engine(policy=policy, delayed_batching=batch, num_threads=args.threads) as engine:
+                measured[b].append(await closed_loop(engine, prompts, c, args.warmup, args.seconds, args.max_tokens))
+            print(f"C={c}, B={b}, repeat {rep + 1}: measured {measured[b][-1]:.2f} tok/s", flush=True)
     for b in args.sweep:
-        batch = {m: b for m in policy.models}
-        async with Engine(policy=policy, delayed_batching=batch, num_threads=args.threads) as engine:
-            measured = await closed_loop(engine, prompts, c, args.warmup, args.seconds, args.max_tokens)
         predicted = None
         if auto.tokens_per_s:
             predicted = predict(
-                auto.latency, auto.routing, auto.concurrency, batch_min=batch,
+                auto.latency, auto.routing, auto.concurrency, batch_min={m: b for m in policy.models},
                 batch_wait_s=auto.batch_wait_s, shared_device=auto.shared_device,
             ).tokens_per_s  # fmt: skip
-        results["sweep"][b] = {"measured_tokens_per_s": measured, "predicted_tokens_per_s": predicted}
-        print(f"C={c}, B={b}: measured {measured:.2f} tok/s, predicted {predicted}", flush=True)
+        results["sweep"][b] = {
+            "measured_tokens_per_s": statistics.median(measured[b]),
+            "measured_runs": measured[b],
+            "predicted_tokens_per_s": predicted,
+        }
+        print(f"C={c}, B={b}: measured median {statistics.median(measured[b]):.2f} tok/s, predicted {predicted}")
     return results
 
 
@@ -99,6 +109,7 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--sweep", type=int, nargs="*", default=[1, 2, 4, 8, 16])
+    p.add_argument("--repeats", type=int, default=2, help="measured runs per B in the sweep (median)")
     p.add_argument("--warmup", type=float, default=20.0)
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=32)

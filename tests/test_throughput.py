@@ -290,6 +290,12 @@ def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch
                     tg.start_soon(one, i)
             await wait_all_free(engine)
             results[delayed_batching] = engine.throughput_prediction(refresh=True)
+            stats = engine.stats()
+            for st in stats.values():  # stats() carries the prediction and the B in force
+                if delayed_batching is None:
+                    assert st.throughput_prediction is None and st.batch_min == 1
+                else:  # (the tuner may have re-picked since: a prediction, not necessarily that one)
+                    assert st.throughput_prediction.tokens_per_s > 0 and st.batch_min >= 1
             auto_thread = engine._auto_thread
         assert not any(t.name == "tokenrouter-auto-batching" for t in threading.enumerate())
         if delayed_batching == "auto":

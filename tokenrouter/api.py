@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -430,8 +430,10 @@ class Engine:
         return EngineHealth(healthy=healthy, running=self._running, workers=workers)
 
     def stats(self) -> dict[str, WorkerStats]:
-        """Per model: KV blocks total/free, running/waiting counts, step timings."""
-        return {name: w.stats() for name, w in self.workers.items()}
+        """Per model: KV blocks total/free, running/waiting counts, step timings, B in force and,
+        with delayed_batching="auto", the throughput model's prediction."""
+        pred = self._auto.prediction if self._auto is not None else None
+        return {name: replace(w.stats(), throughput_prediction=pred) for name, w in self.workers.items()}
 
     # ---- delayed_batching="auto": the throughput model (engine/auto_batching.py) ------------
     async def profile(self, refresh: bool = False) -> dict[str, LatencyProfile]:

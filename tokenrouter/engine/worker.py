@@ -22,6 +22,7 @@ import torch
 
 from ..config import ModelSpec
 from ..errors import ConfigError
+from ..throughput import ThroughputPrediction
 from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
 from .block_manager import BlockManager
 from .kv_cache import KVCache, KVLayout
@@ -80,6 +81,10 @@ class WorkerStats:
     time_waiting_for_batch_s: float  # holding back to gather a batch of B (delayed batching)
     alive: bool
     error: str | None
+    batch_min: int = 1  # B in force (delayed batching)
+    # delayed_batching="auto": the throughput model's current choice and prediction (the same
+    # object for every model; `Engine.stats()` fills it in)
+    throughput_prediction: ThroughputPrediction | None = None
 
 
 class Worker:
@@ -277,6 +282,7 @@ class Worker:
             time_waiting_for_batch_s=self.time_waiting_for_batch,
             alive=self.alive,
             error=self.error,
+            batch_min=self.batch_min,
         )
 
     # ---- the worker thread ---------------------------------------------------------------
