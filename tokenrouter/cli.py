@@ -1,5 +1,6 @@
-"""The `tokenrouter` command (also `python -m tokenrouter`): generate, chat, pull, models, and
-label / train-router (train the router of a learned policy on a model pair).
+"""The `tokenrouter` command (also `python -m tokenrouter`): generate, chat, pull, models,
+label / train-router (train the router of a learned policy on a model pair), and bench (routed
+serving against standard serving and lockstep).
 
 Errors a user can fix (bad arguments, a missing model, a bad value) print one line and exit 2;
 an unexpected failure exits 1; Ctrl-C exits 130.
@@ -55,6 +56,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
+    return value
+
+
 def _fraction(low_open: bool, high_open: bool):
     """An argparse type: a float in [0, 1], with the ends open as asked."""
 
@@ -82,8 +93,8 @@ def _taus(text: str) -> list[float]:
     return values
 
 
-def _add_engine_options(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models and routing")
+def _add_routing_options(g) -> None:
+    """--policy, --tau, --router, --threshold, --taus, --model, --no-pull: shared by generate, chat, bench."""
     g.add_argument(
         "--policy", choices=POLICIES, default="rstitch",
         help="routing policy: rstitch (default; small model, large one where the small one is unsure); "
@@ -120,6 +131,11 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
     )  # fmt: skip
     g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
+
+
+def _add_engine_options(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("models and routing")
+    _add_routing_options(g)
     g.add_argument("--threads", type=_positive_int, default=None, help="torch threads per worker (default: all cores)")
     g.add_argument(
         "--kv-cache-tokens", type=_positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
@@ -252,7 +268,119 @@ def build_parser() -> argparse.ArgumentParser:
     tr.add_argument("--width", type=_positive_int, default=256, help="the router MLP's width (default 256)")
     tr.add_argument("--threads", type=_positive_int, default=None, help="torch threads (default: all cores)")
     tr.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+
+    _add_bench_parser(sub)
     return parser
+
+
+def _add_bench_parser(sub) -> None:
+    """`tokenrouter bench`: workloads, runs, and the models and policy as for generate."""
+    from .bench.systems import SYSTEMS
+    from .bench.workloads import BUILT_IN, SIZES
+
+    def sizes(name: str) -> str:
+        return ", ".join(f"{k} {v.max_tokens}" for k, v in SIZES[name].items() if k != "tiny")
+
+    b = sub.add_parser(
+        "bench", help="benchmark routed serving against standard serving and lockstep",
+        description="Run the same models, prompts, concurrency levels and KV budget through four serving "
+        "systems built from the same workers: routed (this engine), standard (every hand-off re-sent as a new "
+        "request with the whole sequence), standard+pc (the same with prefix caching) and lockstep (one loop "
+        "steps each model in turn). Workloads: short (short reasoning), long (long reasoning) and agentic "
+        "(multi-turn sessions over a long shared history), generated from --seed, or your own prompts "
+        "(--prompts). Each (workload, C, system) gets a fresh engine, a warm-up request and --repeats measured "
+        "runs of a closed loop keeping C requests (or agentic sessions) in flight, greedy with EOS ignored. "
+        "Prints one line per run on stderr and a table per workload on stdout, and writes results.json, "
+        "results.md and plot.png to --out.",
+        epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 4, one run each, "
+        "one engine per system: about 5 minutes on the demo pair on 2 cores).",
+    )  # fmt: skip
+    w = b.add_argument_group("workloads")
+    w.add_argument(
+        "--workload", nargs="+", choices=BUILT_IN, default=None, metavar="NAME",
+        help="which built-in workloads to run: short, long, agentic (default: all three, or none with --prompts)",
+    )  # fmt: skip
+    w.add_argument(
+        "--prompts", metavar="FILE.jsonl", default=None,
+        help='your own prompts: JSON Lines, one {"prompt": text} or {"messages": [chat messages]} per line, '
+        'with an optional "max_tokens"; each level takes the first --requests lines, cycled',
+    )  # fmt: skip
+    w.add_argument(
+        "--size", choices=("cpu", "gpu"), default=None,
+        help="workload sizes: gpu is the real one, cpu is scaled down for a small CPU box (default: gpu with "
+        f"CUDA, else cpu). Max output tokens: short {sizes('short')}; long {sizes('long')}; agentic per turn "
+        f"{sizes('agentic')}, after a history of {SIZES['agentic']['gpu'].history_tokens} (gpu) or "
+        f"{SIZES['agentic']['cpu'].history_tokens} (cpu) tokens, {SIZES['agentic']['gpu'].turns} or "
+        f"{SIZES['agentic']['cpu'].turns} turns",
+    )  # fmt: skip
+    w.add_argument(
+        "--max-tokens", type=_positive_int, default=None, metavar="N",
+        help="override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
+        "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
+    )  # fmt: skip
+    w.add_argument("--history-tokens", type=_positive_int, default=None, metavar="N",
+                   help="override the agentic history's size, in tokens")  # fmt: skip
+    w.add_argument(
+        "--turns", type=_positive_int, default=None, metavar="N", help="override the agentic turns per session"
+    )
+    w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
+    r = b.add_argument_group("runs")
+    r.add_argument(
+        "--systems", nargs="+", choices=list(SYSTEMS), default=None, metavar="SYSTEM",
+        help=f"which systems to run: {', '.join(SYSTEMS)} (default: all four)",
+    )  # fmt: skip
+    r.add_argument(
+        "--concurrency", nargs="+", type=_positive_int, default=None, metavar="C",
+        help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 4)",
+    )  # fmt: skip
+    r.add_argument(
+        "--repeats", type=_positive_int, default=None, metavar="N",
+        help="measured runs per level, each on a fresh engine; the table shows medians (default 2)",
+    )  # fmt: skip
+    r.add_argument(
+        "--requests", type=_positive_int, default=None, metavar="N",
+        help="requests (agentic: sessions) per level (default max(2, C); --quick: C)",
+    )  # fmt: skip
+    r.add_argument(
+        "--max-run-s", type=_positive_seconds, default=None, metavar="S",
+        help="cap each run's wall time: in-flight requests are cancelled, throughput is over the time it ran, "
+        "latencies are of the requests that completed, and the table marks the run with a dagger",
+    )  # fmt: skip
+    r.add_argument(
+        "--kv-cache-tokens", type=_positive_int, default=None, metavar="N",
+        help="KV cache budget per model, in tokens, the same for every system (default: enough for every "
+        "request of the largest level at once, at least 8192)",
+    )  # fmt: skip
+    r.add_argument(
+        "--threads", type=_positive_int, default=1, metavar="N",
+        help="torch threads per worker thread of routed and standard, whose two workers step at once (default 1)",
+    )  # fmt: skip
+    r.add_argument(
+        "--threads-lockstep", type=_positive_int, default=2, metavar="N",
+        help="torch threads of lockstep's one stepping thread (default 2)",
+    )  # fmt: skip
+    r.add_argument(
+        "--reuse-engines", action="store_true",
+        help="load one engine per system and reuse it for all its runs (faster on real models; the built-in "
+        "workloads draw new prompts per level, but the prefix cache keeps earlier runs' blocks, e.g. the chat "
+        "template's and a --prompts file's; --quick sets it)",
+    )  # fmt: skip
+    r.add_argument("--device", default=None, help="torch device of the models (default: cuda if available, else cpu)")
+    r.add_argument(
+        "--dtype", choices=("auto", "float32", "float64", "bfloat16", "float16"), default="auto",
+        help="the models' compute dtype (default auto: float32 on CPU, the checkpoint's on GPU)",
+    )  # fmt: skip
+    r.add_argument(
+        "--out", metavar="DIR", default=None,
+        help="directory for results.json, results.md and plot.png (default bench_out/<date>-<time>)",
+    )  # fmt: skip
+    r.add_argument(
+        "--quick", action="store_true",
+        help="the smallest meaningful run: all three workloads at tiny sizes (30-50-token prompts, at most 4 "
+        "(short) or 8 (long) output tokens; agentic: a 64-token history, 2 turns of 4 tokens), C = 1 and 4 with "
+        "C requests each, one repeat, all four systems, one engine per system; flags given explicitly still apply",
+    )  # fmt: skip
+    _add_routing_options(b.add_argument_group("models and routing"))
 
 
 # ---- engine set-up -----------------------------------------------------------------------------
@@ -316,9 +444,8 @@ def _model_path(name: str, where: str, pull: bool) -> Path:
     )
 
 
-def _models(args, policy) -> dict:
-    from .config import ModelSpec
-
+def _model_paths(args, policy) -> dict[str, Path]:
+    """Where each of the policy's models is: --model, else the demo pair (fetched unless --no-pull)."""
     given = dict(args.model)
     if len(given) != len(args.model):
         raise UsageError("--model: each NAME may be given once")
@@ -326,10 +453,13 @@ def _models(args, policy) -> dict:
     if unknown:
         raise UsageError(f"--model {unknown[0]}=...: the {args.policy} policy names its models {policy.models}")
     where = {m: given.get(m) or store.DEFAULT_MODELS.get(m) for m in policy.models}
-    return {
-        m: ModelSpec(path=_model_path(m, w, not args.no_pull), kv_cache_tokens=args.kv_cache_tokens)
-        for m, w in where.items()
-    }
+    return {m: _model_path(m, w, not args.no_pull) for m, w in where.items()}
+
+
+def _models(args, policy) -> dict:
+    from .config import ModelSpec
+
+    return {m: ModelSpec(path=p, kv_cache_tokens=args.kv_cache_tokens) for m, p in _model_paths(args, policy).items()}
 
 
 def _sampling(args):
@@ -583,6 +713,90 @@ def _train_router(args) -> int:
     return 0
 
 
+def _bench_config(args):
+    """Check every bench argument and build the harness's configuration (nothing loaded yet)."""
+    import torch
+
+    from .bench.harness import BenchConfig
+    from .bench.systems import SYSTEMS
+    from .bench.workloads import BUILT_IN, read_prompts, workload
+    from .errors import ConfigError
+
+    if args.device is None:
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(args.device)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device: not a torch device: {args.device!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {args.device}: CUDA is not available here")
+    size = "tiny" if args.quick and args.size is None else args.size or ("gpu" if device.type == "cuda" else "cpu")
+    names = list(dict.fromkeys(args.workload or ([] if args.prompts else BUILT_IN)))
+    for flag, value in (("--history-tokens", args.history_tokens), ("--turns", args.turns)):
+        if value is not None and "agentic" not in names:
+            raise UsageError(f"{flag} is only for the agentic workload, which this run does not include")
+    specs = [
+        workload(n, size, max_tokens=args.max_tokens, history_tokens=args.history_tokens if n == "agentic" else None,
+                 turns=args.turns if n == "agentic" else None)
+        for n in names
+    ]  # fmt: skip
+    if args.prompts is not None:
+        default = args.max_tokens or workload("short", size).sizes.max_tokens
+        try:
+            specs.append(read_prompts(args.prompts, default))
+        except ConfigError as e:
+            raise UsageError(f"--prompts: {e}") from None
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    policy = _policy(args)
+    models = _model_paths(args, policy)
+    return BenchConfig(
+        models=models,
+        policy=policy,
+        workloads=specs,
+        systems=list(dict.fromkeys(args.systems or SYSTEMS)),
+        concurrency=sorted(set(args.concurrency or ([1, 4] if args.quick else [1, 4, 16]))),
+        repeats=args.repeats or (1 if args.quick else 2),
+        requests=args.requests,
+        min_requests=1 if args.quick else 2,
+        kv_cache_tokens=args.kv_cache_tokens,
+        threads=args.threads,
+        threads_lockstep=args.threads_lockstep,
+        max_run_s=args.max_run_s,
+        reuse_engines=args.reuse_engines or args.quick,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        warmup_tokens=2 if args.quick else 8,
+    )
+
+
+def _bench(args, argv: Sequence[str] | None) -> int:
+    import shlex
+
+    import anyio
+
+    from .bench.harness import run_bench
+    from .bench.report import markdown, write_report
+    from .config import ModelSpec
+    from .engine.model_loader import load_tokenizer
+
+    cfg = _bench_config(args)
+    out_dir = Path(args.out or Path("bench_out") / time.strftime("%Y%m%d-%H%M%S"))
+    entry = cfg.policy.entry_model
+    tokenizer = load_tokenizer(ModelSpec(path=cfg.models[entry]))
+    command = shlex.join(["tokenrouter", *(sys.argv[1:] if argv is None else argv)])
+    result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=_status))
+    written, notes = write_report(result, out_dir)
+    print(markdown(result), end="")
+    for line in result.warnings:
+        _status(f"warning: {line}")
+    for line in notes:
+        _status(line)
+    _status(f"wrote {', '.join(p.name for p in written.values())} to {out_dir} in {result.wall_s:.0f} s")
+    return 0
+
+
 def _pull(args) -> int:
     try:
         names = [m for n in args.names for m in store.expand(n)]
@@ -632,6 +846,14 @@ def main(argv: Sequence[str] | None = None) -> int:
             transformers.logging.disable_progress_bar()
             torch.set_num_threads(args.threads or os.cpu_count() or 1)
             return _label(args) if args.command == "label" else _train_router(args)
+        if args.command == "bench":
+            import torch
+            import transformers
+
+            transformers.logging.set_verbosity_error()
+            transformers.logging.disable_progress_bar()
+            torch.set_num_threads(1)  # the caller's thread only waits; workers set their own threads
+            return _bench(args, argv)
         if args.command == "pull":
             return _pull(args)
         return _models_table(args)
