@@ -42,11 +42,11 @@ def chat_tokens(tokenizer, messages) -> int:
 
 # ---- workloads ---------------------------------------------------------------------------------
 def test_sizes_are_the_documented_ones():
-    assert SIZES["short"]["gpu"].max_tokens == 2048 and SIZES["short"]["cpu"].max_tokens == 32
-    assert SIZES["long"]["gpu"].max_tokens == 8192 and SIZES["long"]["cpu"].max_tokens == 128
+    assert SIZES["short"]["gpu"].max_tokens == 2048 and SIZES["short"]["cpu"].max_tokens == 16
+    assert SIZES["long"]["gpu"].max_tokens == 8192 and SIZES["long"]["cpu"].max_tokens == 64
     gpu, cpu = SIZES["agentic"]["gpu"], SIZES["agentic"]["cpu"]
     assert (gpu.max_tokens, gpu.history_tokens, gpu.turns) == (1024, 8192, 4)
-    assert (cpu.max_tokens, cpu.history_tokens, cpu.turns) == (32, 256, 3)
+    assert (cpu.max_tokens, cpu.history_tokens, cpu.turns) == (16, 128, 2)
 
 
 @pytest.mark.parametrize("name", ["short", "long", "agentic"])
@@ -278,6 +278,20 @@ def test_a_cut_short_run_is_marked_in_the_table(tiny_pair, tokenizer):
     assert "†" in md.split("\n| 2 | routed |")[1].split("\n")[0] and "cut short by --max-run-s" in md
 
 
+def test_a_reused_engine_starts_every_run_cold(tiny_pair, tokenizer):
+    """Reusing an engine across repeats must not let repeat 2 hit repeat 1's prompts (C = 1: the
+    hits within a run, session 2 on session 1's system prompt, do not depend on timing)."""
+    cfg = tiny_config(
+        tiny_pair, workloads=[workload("agentic", "tiny", max_tokens=4)], concurrency=[1], requests=2,
+        systems=["routed", "standard+pc"], repeats=2, reuse_engines=True,
+    )  # fmt: skip
+    result = anyio.run(lambda: run_bench(cfg, tokenizer))
+    for system in cfg.systems:
+        first, second = [r for r in result.runs if r.system == system]
+        assert first.prefix_cache_hit_tokens == second.prefix_cache_hit_tokens, system
+        assert first.metrics()["output_tokens"] == second.metrics()["output_tokens"]
+
+
 def test_a_kv_budget_too_small_is_refused_before_loading(tiny_pair, tokenizer):
     cfg = tiny_config(tiny_pair, kv_cache_tokens=64)
     with pytest.raises(BenchError, match="kv_cache_tokens: 64 is too small.*raise --kv-cache-tokens"):
@@ -308,7 +322,7 @@ def test_bench_quick_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     assert f"to {out_dir}" in err
     data = json.loads((out_dir / "results.json").read_text())
     s = data["settings"]
-    assert (s["concurrency"], s["repeats"], s["systems"], s["reuse_engines"]) == ([1, 4], 1, list(SYSTEMS), True)
+    assert (s["concurrency"], s["repeats"], s["systems"], s["reuse_engines"]) == ([1, 3], 1, list(SYSTEMS), True)
     assert data["workloads"]["long"]["sizes"]["max_tokens"] == 8
     assert data["workloads"]["agentic"]["sizes"] == {"max_tokens": 4, "history_tokens": 64, "turns": 2}
     assert data["workloads"]["short"]["sizes"] == {"max_tokens": 4, "prompt_tokens": [30, 50]}

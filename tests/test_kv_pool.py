@@ -5,7 +5,7 @@ import random
 import anyio
 import pytest
 
-from tokenrouter import Engine, InvalidRequestError, ModelSpec, SamplingParams
+from tokenrouter import Engine, EngineNotRunningError, InvalidRequestError, ModelSpec, SamplingParams
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.sequence import Request, Sequence
 
@@ -40,6 +40,46 @@ def test_block_manager_prefix_sharing_and_free():
     bm.match_prefix(d)
     assert d.num_computed == 8
     bm.free(d)
+
+
+def test_forgetting_free_prefixes_keeps_blocks_in_use():
+    bm = BlockManager(num_blocks=8, block_size=4)
+    a, b = _seq(range(9)), _seq(range(100, 109))
+    for s in (a, b):
+        bm.grow(s, 9)
+        s.num_computed = 9
+        bm.register_full_blocks(s)
+    bm.free(a)  # a's two full blocks are free but cached; b still uses its own
+    assert bm.forget_free_prefixes() == 2
+    again = _seq(range(9))
+    bm.match_prefix(again)
+    assert again.num_computed == 0  # cold
+    shares_b = _seq(range(100, 109))
+    bm.match_prefix(shares_b)
+    assert shares_b.num_computed == 8  # blocks in use keep their prefix
+    bm.free(shares_b)
+    bm.free(b)
+    assert bm.num_free == 8
+
+
+def test_engine_reset_prefix_cache_makes_a_repeat_cold(tiny_model):
+    spec = ModelSpec(path=tiny_model, dtype="float64", kv_cache_tokens=512, block_size=8)
+    prompt = list(range(5, 45))
+
+    async def main():
+        async with Engine(models={"m": spec}) as engine:
+            params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+            first = await engine.generate(prompt, params)
+            hot = await engine.generate(prompt, params)
+            forgotten = await engine.reset_prefix_cache()
+            cold = await engine.generate(prompt, params)
+        assert hot.token_ids == first.token_ids == cold.token_ids
+        assert forgotten["m"] > 0
+        assert hot.tokens_processed["m"] < len(prompt) and cold.tokens_processed["m"] >= len(prompt)
+        with pytest.raises(EngineNotRunningError):
+            await engine.reset_prefix_cache()
+
+    anyio.run(main)
 
 
 def test_block_manager_refuses_when_short():

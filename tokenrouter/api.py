@@ -435,6 +435,15 @@ class Engine:
         pred = self._auto.prediction if self._auto is not None else None
         return {name: replace(w.stats(), throughput_prediction=pred) for name, w in self.workers.items()}
 
+    async def reset_prefix_cache(self) -> dict[str, int]:
+        """Forget every cached prefix that no request in flight holds, in every worker (between
+        its steps), so later requests start cold as on a fresh engine: benchmarks reuse a loaded
+        engine this way. Returns the blocks forgotten per model."""
+        if not self.workers:
+            raise EngineNotRunningError("the engine is not running: use `async with Engine(...)` or `await start()`")
+        futures = {name: w.reset_prefix_cache() for name, w in self.workers.items()}
+        return {name: await anyio.to_thread.run_sync(f.result) for name, f in futures.items()}
+
     # ---- delayed_batching="auto": the throughput model (engine/auto_batching.py) ------------
     async def profile(self, refresh: bool = False) -> dict[str, LatencyProfile]:
         """Each model's step-latency profile (`engine/latency_profile.py`): read from the cache under

@@ -292,7 +292,7 @@ def _add_bench_parser(sub) -> None:
         "runs of a closed loop keeping C requests (or agentic sessions) in flight, greedy with EOS ignored. "
         "Prints one line per run on stderr and a table per workload on stdout, and writes results.json, "
         "results.md and plot.png to --out.",
-        epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 4, one run each, "
+        epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 3, one run each, "
         "one engine per system: about 5 minutes on the demo pair on 2 cores).",
     )  # fmt: skip
     w = b.add_argument_group("workloads")
@@ -331,7 +331,7 @@ def _add_bench_parser(sub) -> None:
     )  # fmt: skip
     r.add_argument(
         "--concurrency", nargs="+", type=_positive_int, default=None, metavar="C",
-        help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 4)",
+        help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 3)",
     )  # fmt: skip
     r.add_argument(
         "--repeats", type=_positive_int, default=None, metavar="N",
@@ -361,9 +361,8 @@ def _add_bench_parser(sub) -> None:
     )  # fmt: skip
     r.add_argument(
         "--reuse-engines", action="store_true",
-        help="load one engine per system and reuse it for all its runs (faster on real models; the built-in "
-        "workloads draw new prompts per level, but the prefix cache keeps earlier runs' blocks, e.g. the chat "
-        "template's and a --prompts file's; --quick sets it)",
+        help="load one engine per system and reuse it for all its runs, forgetting its prefix cache before "
+        "each run (as cold as a fresh engine, minutes faster on real models; --quick sets it)",
     )  # fmt: skip
     r.add_argument("--device", default=None, help="torch device of the models (default: cuda if available, else cpu)")
     r.add_argument(
@@ -377,7 +376,7 @@ def _add_bench_parser(sub) -> None:
     r.add_argument(
         "--quick", action="store_true",
         help="the smallest meaningful run: all three workloads at tiny sizes (30-50-token prompts, at most 4 "
-        "(short) or 8 (long) output tokens; agentic: a 64-token history, 2 turns of 4 tokens), C = 1 and 4 with "
+        "(short) or 6 (long) output tokens; agentic: a 48-token history, 2 turns of 4 tokens), C = 1 and 3 with "
         "C requests each, one repeat, all four systems, one engine per system; flags given explicitly still apply",
     )  # fmt: skip
     _add_routing_options(b.add_argument_group("models and routing"))
@@ -755,7 +754,7 @@ def _bench_config(args):
         policy=policy,
         workloads=specs,
         systems=list(dict.fromkeys(args.systems or SYSTEMS)),
-        concurrency=sorted(set(args.concurrency or ([1, 4] if args.quick else [1, 4, 16]))),
+        concurrency=sorted(set(args.concurrency or ([1, 3] if args.quick else [1, 4, 16]))),
         repeats=args.repeats or (1 if args.quick else 2),
         requests=args.requests,
         min_requests=1 if args.quick else 2,

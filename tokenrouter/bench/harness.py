@@ -5,8 +5,8 @@ the prompts of earlier runs), a warm-up request, then one measured run: a closed
 sessions in flight over a fixed set (a short or long request is a one-turn session; an agentic
 session runs its turns in sequence), each through `engine.stream`, so times are the client's.
 `reuse_engines=True` (what `--quick` does) loads each system's engine once for all its runs
-instead, which saves minutes of loading on real models; each level draws its own prompts, so
-only the chat template's and system prompt's blocks carry over.
+instead, which saves minutes of loading on real models, and forgets its prefix cache before each
+run (`Engine.reset_prefix_cache()`), so every run starts as cold as on a fresh engine.
 
 Greedy outputs are compared across systems (the same tokens, or a warning: float32 near-ties can
 flip a token when batches differ). A run cut short by `max_run_s` cancels its in-flight requests,
@@ -370,6 +370,8 @@ async def run_bench(
                 if not checked:
                     _check_context(engine, cfg, plan)
                     checked = True
+            if cfg.reuse_engines:
+                await engine.reset_prefix_cache()  # cold, as a fresh engine would be
             run = await measure(
                 engine, plan[(w.name, c)], c, max_run_s=cfg.max_run_s, workload=w.name, system=system, repeat=repeat
             )

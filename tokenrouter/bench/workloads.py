@@ -47,9 +47,10 @@ class Sizes:
 
 
 SIZES: dict[str, dict[str, Sizes]] = {
-    "short": {"gpu": Sizes(2048), "cpu": Sizes(32), "tiny": Sizes(4, prompt_tokens=(30, 50))},
-    "long": {"gpu": Sizes(8192), "cpu": Sizes(128), "tiny": Sizes(8, prompt_tokens=(30, 50))},
-    "agentic": {"gpu": Sizes(1024, 8192, 4), "cpu": Sizes(32, 256, 3), "tiny": Sizes(4, 64, 2)},
+    # cpu: the gpu sizes / 128 (agentic / 64, and 2 turns): a 2-core box writes a few tokens/s
+    "short": {"gpu": Sizes(2048), "cpu": Sizes(16), "tiny": Sizes(4, prompt_tokens=(30, 50))},
+    "long": {"gpu": Sizes(8192), "cpu": Sizes(64), "tiny": Sizes(6, prompt_tokens=(30, 50))},
+    "agentic": {"gpu": Sizes(1024, 8192, 4), "cpu": Sizes(16, 128, 2), "tiny": Sizes(4, 48, 2)},
 }
 #: `tokenrouter bench --quick` uses the "tiny" sizes: the smallest run that still exercises every
 #: path, in minutes on the demo pair (prefilling the prompt on both models dominates there).

@@ -111,6 +111,19 @@ class BlockManager:
                 self.cached.setdefault(h, block_id)
         seq.num_hashed_blocks = n_full
 
+    def forget_free_prefixes(self) -> int:
+        """Forget the cached prefixes of free blocks (blocks in use keep theirs): later requests
+        start cold, as on a fresh pool. Returns the number of blocks forgotten."""
+        n = 0
+        for block_id in self.free_ids:
+            key = self.block_keys[block_id]
+            if key is not None:
+                if self.cached.get(key[0]) == block_id:
+                    del self.cached[key[0]]
+                self.block_keys[block_id] = None
+                n += 1
+        return n
+
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's blocks; blocks no one else uses return to the free list."""
         for block_id in reversed(seq.block_table):

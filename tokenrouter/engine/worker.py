@@ -224,6 +224,14 @@ class Worker:
             future.set_exception(RuntimeError(f"worker {self.name!r} is not running: {self.error or 'stopped'}"))
         return future
 
+    def reset_prefix_cache(self) -> Future:
+        """Forget the prefix cache's free blocks, in the worker's thread between steps; the future
+        gets the number of blocks forgotten."""
+        future: Future = Future()
+        if not self._post("reset_prefix_cache", future):
+            future.set_exception(RuntimeError(f"worker {self.name!r} is not running: {self.error or 'stopped'}"))
+        return future
+
     def routing_counters(self) -> dict[str, float | dict[int, int]]:
         """Counters the throughput model reads (plain numbers, and steps by tokens computed; a
         snapshot is not atomic, and need not be)."""
@@ -355,6 +363,9 @@ class Worker:
                 self._stopping = True
             elif kind == "profile":
                 self._profile(*payload)  # type: ignore[misc]
+            elif kind == "reset_prefix_cache":
+                if payload.set_running_or_notify_cancel():  # type: ignore[union-attr]
+                    payload.set_result(self.blocks.forget_free_prefixes())  # type: ignore[union-attr]
         if events:
             self.sink(events)
 
