@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from functools import lru_cache
 
 import anyio
 import torch
 from transformers import AutoModelForCausalLM
 
+from tokenrouter.bench.harness import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
 
 
@@ -36,17 +36,8 @@ def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.floa
 
 async def wait_all_free(engine, timeout: float = 10.0) -> None:
     """Wait until no worker holds any request or KV block (workers free KV asynchronously)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        stats = engine.stats()
-        if all(
-            s.kv_blocks_free == s.kv_blocks_total and s.running == 0 and s.waiting == 0 and s.pending == 0
-            for s in stats.values()
-        ):
-            return
-        if time.monotonic() > deadline:
-            raise AssertionError(f"KV not freed: {stats}")
-        await anyio.sleep(0.01)
+    if not await wait_free(engine, timeout):
+        raise AssertionError(f"KV not freed: {engine.stats()}")
 
 
 def holds_nothing(engine) -> bool:

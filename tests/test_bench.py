@@ -323,8 +323,8 @@ def test_bench_quick_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     data = json.loads((out_dir / "results.json").read_text())
     s = data["settings"]
     assert (s["concurrency"], s["repeats"], s["systems"], s["reuse_engines"]) == ([1, 3], 1, list(SYSTEMS), True)
-    assert data["workloads"]["long"]["sizes"]["max_tokens"] == 8
-    assert data["workloads"]["agentic"]["sizes"] == {"max_tokens": 4, "history_tokens": 64, "turns": 2}
+    assert data["workloads"]["long"]["sizes"]["max_tokens"] == 6
+    assert data["workloads"]["agentic"]["sizes"] == {"max_tokens": 4, "history_tokens": 48, "turns": 2}
     assert data["workloads"]["short"]["sizes"] == {"max_tokens": 4, "prompt_tokens": [30, 50]}
     assert data["workloads"]["short"]["levels"]["1"]["sessions"] == 1  # --quick: C requests per level
     assert data["command"].startswith("tokenrouter bench --quick")
@@ -398,17 +398,15 @@ def test_bench_argument_errors_that_need_files(tiny_pair, tmp_path, capsys):
 
 # ---- the real demo pair ------------------------------------------------------------------------
 @pytest.mark.real_model
-@pytest.mark.slow
 @pytest.mark.skipif(
     not all(store.is_pulled(m) for m in store.GROUPS["demo"]),
     reason=f"the demo pair is not in the store ({store.home_dir()}); run `{store.pull_command('demo')}`",
 )
 def test_bench_quick_on_the_demo_pair(tmp_path, capsys):
-    t0 = time.perf_counter()
+    """What a user runs first (about 4 minutes here; the time is a benchmark's to measure, see
+    docs/benchmarks.md, not a test's to assert)."""
     code, out, err = run_cli(["bench", "--quick", "--no-pull", "--out", str(tmp_path)], capsys)
-    took = time.perf_counter() - t0
     assert code == 0, err
-    assert took < 300, f"--quick took {took:.0f} s on the demo pair (target: under 5 minutes)"
     data = json.loads((tmp_path / "results.json").read_text())
     assert len(data["runs"]) == 3 * 2 * 4 and all(r["kv_freed"] for r in data["runs"])
     routed = [s for s in data["summaries"] if s["system"] == "routed"]

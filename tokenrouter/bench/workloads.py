@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from ..errors import ConfigError
+from ..jsonl import read_records
 from ..prompts import CHAT_ROLES
 
 BUILT_IN = ("short", "long", "agentic")
@@ -373,27 +374,13 @@ def read_prompts(path: str | Path, max_tokens: int) -> WorkloadSpec:
     line, with an optional "max_tokens" (default `max_tokens`); blank lines are skipped and a
     "response" field is ignored (so a `tokenrouter label` corpus works as is). A bad line is a
     ConfigError naming the file, the line and the field."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as UTF-8 text: {e}") from None
-    sessions = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if line.strip():
-            sessions.append(_prompt_line(line, f"{path}:{lineno}", max_tokens))
+    sessions = [_prompt_line(record, where, max_tokens) for where, record in read_records(path)]
     if not sessions:
         raise ConfigError(f"{path}: no prompts (expected one JSON object per line)")
     return WorkloadSpec("prompts", Sizes(max_tokens), prompts=tuple(sessions), source=str(path))
 
 
-def _prompt_line(line: str, where: str, default_max_tokens: int) -> Session:
-    try:
-        record = json.loads(line)
-    except json.JSONDecodeError as e:
-        raise ConfigError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
+def _prompt_line(record: object, where: str, default_max_tokens: int) -> Session:
     if not isinstance(record, dict):
         raise ConfigError(f'{where}: expected an object with "prompt" or "messages", got {type(record).__name__}')
     unknown = sorted(set(record) - set(PROMPT_FIELDS) - {"response"})

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import ast
 import functools
-import json
 import math
 import os
 import random
@@ -43,6 +42,7 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
+from ..jsonl import read_records
 from .base import normalized_entropy
 from .routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
 
@@ -171,23 +171,7 @@ def read_jsonl(path: str | Path, need_response: bool = True) -> list[dict]:
     """Examples from a JSON Lines file, one {"prompt": str | [chat messages], "response": str} per
     line (blank lines skipped). With `need_response=False` a line may leave the response out
     (`generate_responses` fills it). A bad line is a ConfigError naming the file and line number."""
-    path = Path(path)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigError(f"{path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as e:
-        raise ConfigError(f"{path}: cannot read it as UTF-8 text: {e}") from None
-    examples = []
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ConfigError(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
-        examples.append(_check_example(record, where, need_response))
+    examples = [_check_example(record, where, need_response) for where, record in read_records(path)]
     if not examples:
         raise ConfigError(f"{path}: no examples (expected one JSON object per line)")
     return examples
