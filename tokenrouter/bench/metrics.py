@@ -3,7 +3,8 @@
 Times are as the client sees them: from just before `engine.stream` is called (prompt encoding
 included) to the first streamed token (TTFT) and to the last delta (latency). Throughput counts
 every generated token, including those of requests still in flight when a run is cut short, over
-the run's wall time.
+the run's wall time; so does TTFT (every request that got a first token). Latency and hand-offs
+are of the requests that completed.
 """
 
 from __future__ import annotations
@@ -75,7 +76,7 @@ class Run:
     def metrics(self) -> dict:
         done = self.done
         latencies = [t.latency_s for t in done]
-        ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None and t.completed]
+        ttfts = [t.ttft_s for t in self.turns if t.ttft_s is not None]  # a request cut short had its first token too
         by_model: dict[str, int] = {}
         processed: dict[str, int] = {}
         for t in self.turns:
