@@ -293,7 +293,7 @@ def _add_bench_parser(sub) -> None:
         "Prints one line per run on stderr and a table per workload on stdout, and writes results.json, "
         "results.md and plot.png to --out.",
         epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 3, one run each, "
-        "one engine per system: about 5 minutes on the demo pair on 2 cores).",
+        "one engine per system: under 4 minutes on the demo pair on 2 cores).",
     )  # fmt: skip
     w = b.add_argument_group("workloads")
     w.add_argument(
