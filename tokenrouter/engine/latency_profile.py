@@ -69,9 +69,6 @@ class LatencyProfile:
     measured_in_thread: str | None = None  # not stored: the thread that ran the forwards
     path: Path | None = None  # where it is cached
 
-    def latency(self, b: float, c: float = 0.0) -> float:
-        return float(self.table(b, c))
-
     @property
     def table(self) -> TableLatency:
         """Seconds against tokens in the step, from the measured points."""
