@@ -194,6 +194,7 @@ MS_ACCEPTED = [
     ("max_model_len", 2),
     ("max_model_len", None),
     ("enable_prefix_caching", False),
+    *[("onednn_linear", v) for v in (None, True, False)],
 ]
 
 MS_REJECTED = [
@@ -244,6 +245,8 @@ MS_REJECTED = [
     ("enable_prefix_caching", 0, "valid boolean"),
     ("enable_prefix_caching", "yes", "valid boolean"),
     ("enable_prefix_caching", None, "valid boolean"),
+    ("onednn_linear", 1, "valid boolean"),
+    ("onednn_linear", "auto", "valid boolean"),
     ("bogus", 1, "Extra inputs are not permitted"),
     ("maxmodellen", 64, "Extra inputs are not permitted"),
 ]

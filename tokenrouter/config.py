@@ -98,6 +98,12 @@ class ModelSpec(BaseModel):
     enable_prefix_caching: bool = Field(
         True, strict=True, description="Share KV blocks of common prefixes between requests."
     )
+    onednn_linear: bool | None = Field(
+        None,
+        strict=True,
+        description="Float32 CPU linear layers through oneDNN, weights reordered once at load (decode steps "
+        "about 2x faster on CPU). None: wherever it applies; True: required; False: torch's default path.",
+    )
 
     @field_validator("path", "tokenizer", mode="before")
     @classmethod

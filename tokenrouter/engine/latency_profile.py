@@ -114,6 +114,7 @@ def profile_info(worker: Worker, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_
         "model_path": str(Path(worker.spec.path).resolve()),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
+        "linear_kernel": loaded.linear_kernel,
         "block_size": worker.spec.block_size,
         "torch_threads": worker.torch_threads,
         "max_num_seqs": worker.spec.max_num_seqs,

@@ -14,7 +14,7 @@ import torch
 
 from ..config import ModelSpec
 from ..errors import ModelLoadError
-from . import attention
+from . import attention, onednn_linear
 
 _DTYPES = {
     "float32": torch.float32,
@@ -35,6 +35,7 @@ class LoadedModel:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
+    linear_kernel: str = "torch"  # "onednn" when the linear layers were packed (engine/onednn_linear.py)
 
 
 def resolve_dtype(spec: ModelSpec, config) -> torch.dtype:
@@ -105,6 +106,8 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     except OSError as e:
         raise ModelLoadError(f"cannot load the weights of {spec.path}: {e}") from e
     model.to(device).eval()
+    vocab_size = model.get_output_embeddings().weight.shape[0]
+    linear_kernel = _pack_linears(spec, model, dtype, device)
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name,
@@ -113,10 +116,23 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
         tokenizer=tokenizer,
         dtype=dtype,
         device=device,
-        vocab_size=model.get_output_embeddings().weight.shape[0],
+        vocab_size=vocab_size,
         max_model_len=_max_model_len(spec, model.config, tokenizer),
         eos_token_ids=_eos_ids(model, tokenizer),
+        linear_kernel=linear_kernel,
     )
+
+
+def _pack_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
+    """"onednn" if the model's linear layers now run through oneDNN, else "torch"."""
+    if spec.onednn_linear is False:
+        return "torch"
+    if not onednn_linear.applies(device, dtype):
+        if spec.onednn_linear:
+            why = "this torch build has no oneDNN" if not onednn_linear.available() else f"it needs float32 on CPU, not {dtype} on {device}"
+            raise ModelLoadError(f"onednn_linear=True for {spec.path}: {why}")
+        return "torch"
+    return "onednn" if onednn_linear.pack_linears(model) else "torch"
 
 
 def _max_model_len(spec: ModelSpec, config, tokenizer) -> int:

@@ -1,0 +1,74 @@
+"""Linear layers whose weights are reordered once into oneDNN's blocked layout (float32, CPU).
+
+torch's default CPU linear hands every call to a BLAS GEMM that repacks the whole weight matrix
+for each call once a batch has more than one row: a decode step of 2 to 16 rows then costs two to
+three times the one-row step, and a second thread barely helps. Reordering each weight once at
+load and calling oneDNN's linear with it (what torch's own compiler does for frozen CPU graphs)
+makes the step cost nearly flat in the batch size and lets threads scale; the measured step
+latencies are in docs/benchmarks.md. Results equal `F.linear` to float32 rounding, not bit for bit.
+"""
+
+from __future__ import annotations
+
+import torch
+
+# oneDNN's kernels for one or two rows are slower here than for four (AVX2, measured per layer and
+# per step), so smaller inputs are padded with zero rows up to this many.
+MIN_ROWS = 4
+
+
+def available() -> bool:
+    """Whether this torch build has oneDNN and the two ops used here."""
+    mkldnn = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(mkldnn, "_reorder_linear_weight")
+        and hasattr(mkldnn, "_linear_pointwise")
+    )
+
+
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
+    """oneDNN packing is for float32 on CPU (bf16 and float64 keep torch's path)."""
+    return device.type == "cpu" and dtype == torch.float32 and available()
+
+
+class PackedLinear(torch.nn.Module):
+    """`nn.Linear` computed by oneDNN from a weight reordered at construction.
+
+    The dense weight is dropped unless another module shares it (a tied output head keeps the
+    embedding's), so packing costs no memory except for tied heads. `weight` stays readable for
+    its shape (the engine reads the vocabulary size from the output head)."""
+
+    def __init__(self, linear: torch.nn.Linear, tied: torch.Tensor | None = None):
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        with torch.no_grad():
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach().contiguous())
+        self.bias = linear.bias
+        self.weight = tied if tied is not None else self.packed  # a shared Parameter, or a plain attribute
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        rows = x.numel() // self.in_features
+        if rows >= MIN_ROWS:
+            return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
+        flat = x.reshape(rows, self.in_features)
+        padded = torch.cat([flat, flat.new_zeros(MIN_ROWS - rows, self.in_features)])
+        y = torch.ops.mkldnn._linear_pointwise(padded, self.packed, self.bias, "none", [], "")
+        return y[:rows].reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"
+
+
+def pack_linears(model: torch.nn.Module) -> int:
+    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many."""
+    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
+    replaced = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not torch.nn.Linear or child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
+                continue
+            tied = child.weight if id(child.weight) in shared else None
+            setattr(parent, name, PackedLinear(child, tied))
+            replaced += 1
+    return replaced
