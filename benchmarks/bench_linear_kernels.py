@@ -21,8 +21,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import anyio
 import torch
 
-from tokenrouter import Engine, ModelSpec
-from tokenrouter import store
+from tokenrouter import Engine, ModelSpec, store
 from tokenrouter.engine import latency_profile
 from tokenrouter.policies import Single
 

@@ -17,7 +17,9 @@ needs_onednn = pytest.mark.skipif(not onednn_linear.available(), reason="this to
 
 @needs_onednn
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("shape", [(1, 48), (2, 48), (MIN_ROWS - 1, 48), (MIN_ROWS, 48), (9, 48), (1, 5, 48), (2, 3, 48)])
+@pytest.mark.parametrize(
+    "shape", [(1, 48), (2, 48), (MIN_ROWS - 1, 48), (MIN_ROWS, 48), (9, 48), (1, 5, 48), (2, 3, 48)]
+)
 def test_packed_linear_matches_torch(bias, shape):
     torch.manual_seed(0)
     lin = torch.nn.Linear(48, 80, bias=bias)
@@ -52,7 +54,11 @@ def test_pack_linears_on_a_model(tmp_path, tokenizer, tie):
 
 def test_loader_packs_float32_on_cpu_only(tmp_path, tokenizer):
     path = build_tiny_model(tmp_path / "m", "llama", tokenizer=tokenizer)
-    cases = [("auto", None, "onednn" if onednn_linear.available() else "torch"), ("float64", None, "torch"), ("float32", False, "torch")]
+    cases = [
+        ("auto", None, "onednn" if onednn_linear.available() else "torch"),
+        ("float64", None, "torch"),
+        ("float32", False, "torch"),
+    ]
 
     async def main():
         for dtype, flag, want in cases:

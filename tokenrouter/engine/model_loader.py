@@ -124,12 +124,16 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
 
 
 def _pack_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
-    """"onednn" if the model's linear layers now run through oneDNN, else "torch"."""
+    """Which kernel the linear layers now run on: "onednn" if they were packed, else "torch"."""
     if spec.onednn_linear is False:
         return "torch"
     if not onednn_linear.applies(device, dtype):
         if spec.onednn_linear:
-            why = "this torch build has no oneDNN" if not onednn_linear.available() else f"it needs float32 on CPU, not {dtype} on {device}"
+            why = (
+                "this torch build has no oneDNN"
+                if not onednn_linear.available()
+                else f"it needs float32 on CPU, not {dtype} on {device}"
+            )
             raise ModelLoadError(f"onednn_linear=True for {spec.path}: {why}")
         return "torch"
     return "onednn" if onednn_linear.pack_linears(model) else "torch"

@@ -66,7 +66,11 @@ def pack_linears(model: torch.nn.Module) -> int:
     replaced = 0
     for parent in list(model.modules()):
         for name, child in list(parent.named_children()):
-            if type(child) is not torch.nn.Linear or child.weight.dtype != torch.float32 or child.weight.device.type != "cpu":
+            if (
+                type(child) is not torch.nn.Linear
+                or child.weight.dtype != torch.float32
+                or child.weight.device.type != "cpu"
+            ):
                 continue
             tied = child.weight if id(child.weight) in shared else None
             setattr(parent, name, PackedLinear(child, tied))
