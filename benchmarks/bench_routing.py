@@ -116,9 +116,10 @@ if __name__ == "__main__":
     p.add_argument("--max-tokens", type=int, default=24, help="tokens every request writes (EOS ignored)")
     p.add_argument("--requests", type=int, default=None, help="requests per level (default max(2, C))")
     p.add_argument("--repeats", type=int, default=2)
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per worker thread (routed, standard: two workers step at once)")
-    p.add_argument("--threads-lockstep", type=int, default=2, help="torch threads of lockstep's one stepping thread")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (routed, standard; default: the workers share the cores)")
+    p.add_argument("--threads-lockstep", type=int, default=None,
+                   help="torch threads of lockstep's one stepping thread (default: every core)")
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
     p.add_argument("--max-run-s", type=float, default=None, help="cap each run's wall time (the table marks it)")
     p.add_argument("--json", help="write every run, the medians and the machine to this file")

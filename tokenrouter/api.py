@@ -13,9 +13,11 @@ from pathlib import Path
 from typing import Literal
 
 import anyio
+import torch
 
 from .config import ModelSpec, SamplingParams
 from .engine.auto_batching import AutoBatching, profile_workers
+from .engine.core_share import CoreShare, usable_cores
 from .engine.latency_profile import LatencyProfile
 from .engine.lockstep import LockstepDriver
 from .engine.model_loader import LoadedModel
@@ -74,7 +76,9 @@ class Engine:
 
     - `policy`: the routing policy; default `Single(name)` when there is one model.
     - `num_threads`: if given, torch's intra-op thread count of each worker thread (the caller's
-      own thread is left alone).
+      own thread is left alone). None: workers on CPU share its cores; before each step a worker
+      takes every core no other busy worker holds, so one stepping alone uses them all
+      (`engine/core_share.py`).
     - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
       B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
       "auto": B from the throughput model (`tokenrouter/throughput.py`): the engine profiles each
@@ -203,6 +207,7 @@ class Engine:
         """Load every model (one at a time, to bound peak memory) and start the workers."""
         if self._running:
             raise EngineNotRunningError("the engine is already running")
+        share = self._core_share()
         workers = {
             name: Worker(
                 name,
@@ -213,6 +218,7 @@ class Engine:
                 self.batch_wait_s,
                 keep_kv_on_handoff=self.mode != "standard",
                 num_threads=self.num_threads,
+                core_share=share if torch.device(spec.device).type == "cpu" else None,
             )
             for name, spec in self.specs.items()
         }
@@ -243,6 +249,13 @@ class Engine:
         self._running = True
         if self._auto is not None:
             self._auto.start()  # only with every model's profile
+
+    def _core_share(self) -> CoreShare | None:
+        """Without `num_threads`, workers stepping on CPU at once share its cores, claimed per step."""
+        on_cpu = sum(torch.device(spec.device).type == "cpu" for spec in self.specs.values())
+        if self.num_threads is not None or self.mode == "lockstep" or on_cpu < 2:
+            return None
+        return CoreShare(usable_cores(), on_cpu)
 
     def _check_tokenizers(self) -> None:
         """Routed models must share one vocabulary: a token id must mean the same to each of them."""

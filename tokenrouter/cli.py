@@ -136,7 +136,10 @@ def _add_routing_options(g) -> None:
 def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and routing")
     _add_routing_options(g)
-    g.add_argument("--threads", type=_positive_int, default=None, help="torch threads per worker (default: all cores)")
+    g.add_argument(
+        "--threads", type=_positive_int, default=None,
+        help="torch threads per worker (default: the workers share the cores, each step taking every free one)",
+    )  # fmt: skip
     g.add_argument(
         "--kv-cache-tokens", type=_positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
     )
@@ -352,12 +355,13 @@ def _add_bench_parser(sub) -> None:
         "request of the largest level at once, at least 8192)",
     )  # fmt: skip
     r.add_argument(
-        "--threads", type=_positive_int, default=1, metavar="N",
-        help="torch threads per worker thread of routed and standard, whose two workers step at once (default 1)",
+        "--threads", type=_positive_int, default=None, metavar="N",
+        help="torch threads per worker of routed and standard (default: their workers share the cores, "
+        "each step taking every core the other is not using)",
     )  # fmt: skip
     r.add_argument(
-        "--threads-lockstep", type=_positive_int, default=2, metavar="N",
-        help="torch threads of lockstep's one stepping thread (default 2)",
+        "--threads-lockstep", type=_positive_int, default=None, metavar="N",
+        help="torch threads of lockstep's one stepping thread (default: every core)",
     )  # fmt: skip
     r.add_argument(
         "--reuse-engines", action="store_true",
@@ -482,7 +486,7 @@ def _engine(args):
     policy = _policy(args)
     params = _sampling(args)
     models = _models(args, policy)
-    return Engine(models=models, policy=policy, num_threads=args.threads or os.cpu_count() or 1), params
+    return Engine(models=models, policy=policy, num_threads=args.threads), params
 
 
 # ---- output ----------------------------------------------------------------------------------

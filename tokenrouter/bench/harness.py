@@ -27,6 +27,7 @@ import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
+from ..engine.core_share import usable_cores
 from ..errors import ConfigError, TokenRouterError
 from ..policies import Policy
 from .machine import machine_info
@@ -57,8 +58,8 @@ class BenchConfig:
     requests: int | None = None  # sessions per level; None: max(min_requests, C)
     min_requests: int = 2
     kv_cache_tokens: int | None = None  # per model; None: every session of the largest level at once, >= 8192
-    threads: int = 1  # torch threads per worker thread (routed, standard: two workers step at once)
-    threads_lockstep: int = 2  # torch threads of lockstep's one stepping thread
+    threads: int | None = None  # torch threads per worker (routed, standard); None: they share the cores
+    threads_lockstep: int | None = None  # torch threads of lockstep's one stepping thread; None: every core
     max_run_s: float | None = None
     reuse_engines: bool = False
     seed: int = 0
@@ -242,7 +243,7 @@ async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> En
         )
         for m in cfg.policy.models
     }
-    threads = cfg.threads_lockstep if s.mode == "lockstep" else cfg.threads
+    threads = (cfg.threads_lockstep or usable_cores()) if s.mode == "lockstep" else cfg.threads
     engine = Engine(models=specs, policy=cfg.policy, mode=s.mode, num_threads=threads)
     await engine.start()
     try:

@@ -16,7 +16,7 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,7 @@ from ..errors import ConfigError
 from ..throughput import ThroughputPrediction
 from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
 from .block_manager import BlockManager
+from .core_share import CoreShare
 from .kv_cache import KVCache, KVLayout
 from .model_loader import LoadedModel, load_model
 from .model_runner import ModelRunner, ScheduledBatch
@@ -82,6 +83,8 @@ class WorkerStats:
     alive: bool
     error: str | None
     batch_min: int = 1  # B in force (delayed batching)
+    # CPU cores shared between workers (engine/core_share.py): steps by the torch threads they ran on
+    steps_by_threads: dict[int, int] = field(default_factory=dict)
     # delayed_batching="auto": the throughput model's current choice and prediction (the same
     # object for every model; `Engine.stats()` fills it in)
     throughput_prediction: ThroughputPrediction | None = None
@@ -103,6 +106,7 @@ class Worker:
         batch_wait_s: float = 0.0,
         keep_kv_on_handoff: bool = True,
         num_threads: int | None = None,
+        core_share: CoreShare | None = None,
     ):
         self.name = name
         self.spec = spec
@@ -116,6 +120,8 @@ class Worker:
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
         self.keep_kv_on_handoff = keep_kv_on_handoff
         self.num_threads = num_threads  # torch intra-op threads of this worker's thread
+        self.core_share = core_share  # else: CPU cores shared with the other workers, claimed per step
+        self._threads_now = 0
         self.peers: dict[str, Worker] = {}
         self.loaded: LoadedModel | None = None  # set by setup(), in the worker's thread
         self._ready = threading.Event()
@@ -145,14 +151,17 @@ class Worker:
         self.catchups = 0  # requests arrived from a peer
         self.catchup_tokens = 0  # tokens they needed computed on arrival
         self.step_tokens: dict[int, int] = {}  # steps by the tokens they computed (a plain dict: copy() is atomic)
-        self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread
+        self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread (at setup)
+        self.steps_by_threads: dict[int, int] = {}  # with a core share: steps by the threads they ran on
 
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
         try:
             if self.num_threads is not None:
                 torch.set_num_threads(self.num_threads)
-            self.torch_threads = torch.get_num_threads()
+            elif self.core_share is not None:  # load, and profile, at the share it gets when all are busy
+                torch.set_num_threads(self.core_share.fair_share)
+            self.torch_threads = self._threads_now = torch.get_num_threads()
             spec = self.spec
             loaded = load_model(self.name, spec)
             layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
@@ -291,6 +300,7 @@ class Worker:
             alive=self.alive,
             error=self.error,
             batch_min=self.batch_min,
+            steps_by_threads=dict(sorted(self.steps_by_threads.items())),
         )
 
     # ---- the worker thread ---------------------------------------------------------------
@@ -309,6 +319,7 @@ class Worker:
                     ready = self.scheduler.num_ready
                     if ready == 0:
                         hold_since = None
+                        self._release_cores()
                         t0 = time.perf_counter()
                         self._wake.wait(timeout=1.0)
                         self.time_idle += time.perf_counter() - t0
@@ -318,15 +329,32 @@ class Worker:
                         hold_since = hold_since or now
                         left = self.batch_wait_s - (now - hold_since)
                         if left > 0:
+                            self._release_cores()
                             self._wake.wait(timeout=left)
                             self.time_waiting_for_batch += time.perf_counter() - now
                             continue
                     hold_since = None
+                    self._claim_cores()
                     self._step()
         except BaseException as e:  # the loop itself broke: fail everything, report, and die
             self.fail(e)
         finally:
+            self._release_cores()
             self.shut_down()
+
+    def _claim_cores(self) -> None:
+        """Step with every core no other worker holds (engine/core_share.py)."""
+        if self.core_share is None:
+            return
+        threads = self.core_share.claim(self.name)
+        if threads != self._threads_now:
+            torch.set_num_threads(threads)
+            self._threads_now = threads
+        self.steps_by_threads[threads] = self.steps_by_threads.get(threads, 0) + 1
+
+    def _release_cores(self) -> None:
+        if self.core_share is not None:
+            self.core_share.release(self.name)
 
     def fail(self, e: BaseException) -> None:
         self.error = f"worker {self.name!r} died: {type(e).__name__}: {e}"
@@ -378,6 +406,9 @@ class Worker:
         try:
             from .latency_profile import measure
 
+            if self._threads_now != self.torch_threads:  # profile at the setup share, as its key says
+                torch.set_num_threads(self.torch_threads)
+                self._threads_now = self.torch_threads
             future.set_result(measure(self, **options))
         except Exception as e:
             log.exception("worker %r: profiling failed", self.name)
@@ -473,6 +504,8 @@ class Worker:
         # Events before messages: a peer's tokens must never reach the caller before ours.
         if events:
             self.sink(events)
+        if outgoing and self.scheduler.num_ready == 0:
+            self._release_cores()  # before the peer wakes to step what we hand it, not after
         late: list[WorkerEvent] = []
         for peer, msg, req in outgoing:
             if not peer.hand_off(msg, req):  # the peer has stopped or died
@@ -549,7 +582,9 @@ class Worker:
         if not kept:
             seq.stalls += 1
             if seq.stalls > MAX_STALLS:
-                return self._end(seq, events, "error", f"policy handed the request off {seq.stalls} times without a token")
+                return self._end(
+                    seq, events, "error", f"policy handed the request off {seq.stalls} times without a token"
+                )
         name = self.policy.models[target]
         ev = self._event(seq, new, handoff_to=name)
         events.append(ev)
@@ -585,7 +620,9 @@ class Worker:
         decision = self.policy.route(result)
         n = len(seqs)
         if decision.keep.shape != (n,) or decision.next_model.shape != (n,):
-            raise ValueError(f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; expected ({n},)")
+            raise ValueError(
+                f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; expected ({n},)"
+            )
         next_model = decision.next_model.tolist()
         if any(not 0 <= m < len(self.policy.models) for m in next_model):
             raise ValueError(f"route returned a model index outside [0, {len(self.policy.models)})")
