@@ -1,7 +1,11 @@
-"""Workers on CPU share its cores (engine/core_share.py): a worker stepping alone takes them all,
-busy workers settle on a fair split, and a fixed `num_threads` turns sharing off."""
+"""Workers on CPU take turns (engine/core_share.py): first come first served, never two steps at
+once, every forward in the one compute thread, a stopping worker gives up waiting, and a fixed
+`num_threads` turns all of it off."""
 
 from __future__ import annotations
+
+import threading
+import time
 
 import anyio
 import pytest
@@ -14,69 +18,144 @@ from .conftest import TINY_PAIR_TAU
 from .helpers import wait_all_free
 
 
-def test_claims_give_a_lone_worker_every_core_and_busy_ones_a_fair_split():
-    share = CoreShare(cores=4, workers=2)
-    assert share.fair_share == 2
-    assert share.claim("small") == 4  # alone
-    assert share.claim("large") == 1  # the other still holds all four until its step ends: at least one
-    assert share.claim("small") == 3  # next step: what the other does not hold
-    assert share.claim("large") == 1
-    share.release("small")  # ran out of work
-    assert share.claim("large") == 4
-    assert share.claims() == {"large": 4}
-    share.release("large")
-    share.release("large")  # releasing twice is harmless
-    assert share.claims() == {}
+def test_turns_are_first_come_first_served():
+    share = CoreShare(cores=2)
+    assert share.take("a") and share.take("a")  # taking a held turn again is a no-op
+    order: list[str] = []
+
+    def wait_for_turn(name: str) -> None:
+        assert share.take(name)
+        order.append(name)
+        share.give(name)
+
+    waiters = []
+    for name in ("b", "c"):
+        t = threading.Thread(target=wait_for_turn, args=(name,))
+        t.start()
+        waiters.append(t)
+        deadline = time.monotonic() + 5
+        while name not in share.waiting() and time.monotonic() < deadline:
+            time.sleep(0.001)
+    assert share.waiting() == ["b", "c"] and share.holder == "a"
+    share.give("c")  # not the holder: nothing happens
+    assert share.holder == "a" and order == []
+    share.give("a")
+    for t in waiters:
+        t.join(timeout=5)
+    assert order == ["b", "c"] and share.holder is None and share.waiting() == []
 
 
-def test_three_workers_on_two_cores_each_get_at_least_one():
-    share = CoreShare(cores=2, workers=3)
-    assert share.fair_share == 1
-    assert [share.claim(w) for w in ("a", "b", "c")] == [2, 1, 1]
-    assert share.claim("a") == 1
+def test_a_waiting_worker_gives_up_when_told_and_lets_the_next_go():
+    share = CoreShare(cores=2)
+    share.take("a")
+    stop = threading.Event()
+    result: dict[str, bool] = {}
+    gave_up = threading.Thread(target=lambda: result.setdefault("b", share.take("b", give_up=stop.is_set)))
+    gave_up.start()
+    while "b" not in share.waiting():
+        time.sleep(0.001)
+    stop.set()
+    gave_up.join(timeout=5)
+    assert result == {"b": False} and share.waiting() == [] and share.holder == "a"
+    share.give("a")
+    assert share.take("c") and share.holder == "c"
 
 
 def _specs(pair):
     return {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=1024, block_size=8) for n, p in pair.items()}
 
 
+class NeverTogether:
+    """Wraps each worker's forward to record whether two forwards ever overlapped."""
+
+    def __init__(self, engine: Engine):
+        self.lock = threading.Lock()
+        self.inside = 0
+        self.overlaps = 0
+        self.forwards = 0
+        self.threads: set[str] = set()
+        for w in engine.workers.values():
+            w.runner._forward = self._wrap(w.runner._forward)
+
+    def _wrap(self, forward):
+        def counted(batch):
+            with self.lock:
+                self.inside += 1
+                self.forwards += 1
+                self.overlaps += self.inside > 1
+                self.threads.add(threading.current_thread().name)
+            try:
+                return forward(batch)
+            finally:
+                with self.lock:
+                    self.inside -= 1
+
+        return counted
+
+
 @pytest.mark.parametrize("num_threads", [None, 1])
-def test_engine_shares_cores_unless_threads_are_fixed(tiny_pair, num_threads):
-    cores = usable_cores()
+def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threads):
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=num_threads) as e:
-            one = await e.generate([5, 6, 7, 8], params)  # one request: one worker steps at a time
-            assert one.num_handoffs > 0
+            seen = NeverTogether(e)
+            outs = []
+
+            async def one(i):
+                outs.append(await e.generate([9 + i, 10, 11, 12], params))
+
             async with anyio.create_task_group() as tg:
-                for i in range(6):
-                    tg.start_soon(e.generate, [9 + i, 10, 11], params)
+                for i in range(8):
+                    tg.start_soon(one, i)
+            assert [len(o.token_ids) for o in outs] == [24] * 8
             await wait_all_free(e)
             stats = e.stats()
-            shares = {m: e.workers[m].core_share for m in e.workers}
+            assert sum(s.handoffs_received for s in stats.values()) > 0
+            shares = {e.workers[m].core_share for m in e.workers}
             if num_threads is not None:
-                assert set(shares.values()) == {None}
-                assert all(s.steps_by_threads == {} for s in stats.values())
-                assert {e.workers[m].torch_threads for m in e.workers} == {1}
+                assert shares == {None} and {w.torch_threads for w in e.workers.values()} == {1}
+                assert seen.threads == {"tokenrouter-worker-small", "tokenrouter-worker-large"}
+                assert all(s.time_waiting_for_cores_s == 0 for s in stats.values())
                 return
-            share = shares["small"]
-            assert share is not None and shares["large"] is share and share.claims() == {}  # all given back
-            for s in stats.values():
-                assert sum(s.steps_by_threads.values()) == s.steps
-                assert all(1 <= t <= cores for t in s.steps_by_threads)
-                assert e.workers[s.model].torch_threads == share.fair_share  # loaded (and profiled) at its share
-            # every worker stepped alone at some point (the single request), so with all cores
-            assert all(max(s.steps_by_threads) == cores for s in stats.values())
+            (share,) = shares
+            assert share is not None and share.holder is None and share.waiting() == []  # every turn given back
+            assert {w.torch_threads for w in e.workers.values()} == {usable_cores()}  # each step on every core
+            assert seen.forwards > 10 and seen.overlaps == 0
+            assert seen.threads == {"tokenrouter-cpu-compute"}  # one OpenMP team for every forward
 
     anyio.run(main)
 
 
-def test_single_model_and_lockstep_engines_share_nothing(tiny_pair):
+def test_single_model_and_lockstep_engines_take_no_turns(tiny_pair):
     async def main():
         async with Engine(models={"small": _specs(tiny_pair)["small"]}) as e:
             assert e.workers["small"].core_share is None
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), mode="lockstep") as e:
             assert {w.core_share for w in e.workers.values()} == {None}
+
+    anyio.run(main)
+
+
+def test_stopping_engine_does_not_wait_for_a_turn(tiny_pair):
+    """close() while requests are in flight on both workers ends promptly and frees everything."""
+    params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+
+    async def main():
+        e = Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU))
+        await e.start()
+        results = []
+
+        async def one(i):
+            results.append(await e.generate([20 + i, 21, 22], params))
+
+        async with anyio.create_task_group() as tg:
+            for i in range(6):
+                tg.start_soon(one, i)
+            await anyio.sleep(0.5)
+            t0 = time.monotonic()
+            await e.close()
+            assert time.monotonic() - t0 < 10
+        assert len(results) == 6 and all(r.finish_reason in ("abort", "length") for r in results)
 
     anyio.run(main)

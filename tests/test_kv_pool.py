@@ -180,3 +180,52 @@ def test_a_request_too_big_for_any_pool_it_may_visit_fails_at_once(tiny_pair):
             assert len(out.token_ids) == 20  # 60 tokens fit both pools
 
     anyio.run(main)
+
+
+def test_requests_arriving_together_compute_a_shared_prefix_once():
+    from tokenrouter.engine.scheduler import Scheduler
+
+    bm = BlockManager(num_blocks=32, block_size=4)
+    sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)
+    shared = list(range(100, 108))  # two full blocks
+    a, b, c = (_seq(shared + [i, i + 1, i + 2]) for i in (1, 5, 9))
+    other = _seq([7, 8, 9, 10, 11, 12])
+    for s in (a, b, other, c):
+        sched.add(s)
+    batch, failed = sched.schedule()
+    assert not failed and batch.seqs == [a, other] and batch.num_new == [11, 6]
+    assert list(sched.waiting) == [b, c]  # deferred, first in line
+    for s, n in zip(batch.seqs, batch.num_new):  # what the worker does after the forward
+        s.num_computed += n
+        bm.register_full_blocks(s)
+    batch, _ = sched.schedule()
+    assert [s for s in batch.seqs if s in (b, c)] == [b, c]
+    assert b.num_cached_prompt == c.num_cached_prompt == 8
+    assert b.block_table[:2] == c.block_table[:2] == a.block_table[:2]
+
+
+def test_shared_prefix_computed_once_in_the_engine_and_outputs_unchanged(tiny_model, tokenizer):
+    spec = ModelSpec(path=tiny_model, dtype="float64", kv_cache_tokens=2048, block_size=8)
+    shared = list(range(5, 45))  # five full blocks
+    prompts = [shared + [50 + i, 60 + i, 70 + i] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=5, ignore_eos=True)
+
+    async def main():
+        async with Engine(models={"m": spec}) as engine:
+            outs = [None] * len(prompts)
+
+            async def one(i):
+                outs[i] = await engine.generate(prompts[i], params)
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(prompts)):
+                    tg.start_soon(one, i)
+            await wait_all_free(engine)
+            return outs, engine.stats()["m"]
+
+    outs, stats = anyio.run(main)
+    for p, o in zip(prompts, outs):
+        assert o.token_ids == hf_greedy(tiny_model, p, 5)
+    # the shared 40 tokens once, then each request's own 3 prompt tokens and 4 more decodes
+    assert stats.tokens_processed == len(shared) + len(prompts) * (3 + 4)
+    assert stats.prefix_cache_hit_tokens == len(shared) * (len(prompts) - 1)

@@ -76,9 +76,8 @@ class Engine:
 
     - `policy`: the routing policy; default `Single(name)` when there is one model.
     - `num_threads`: if given, torch's intra-op thread count of each worker thread (the caller's
-      own thread is left alone). None: workers on CPU share its cores; before each step a worker
-      takes every core no other busy worker holds, so one stepping alone uses them all
-      (`engine/core_share.py`).
+      own thread is left alone). None: workers on CPU take turns, each step alone on every core
+      (`engine/core_share.py`); a worker with nothing to do costs the others nothing.
     - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
       B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
       "auto": B from the throughput model (`tokenrouter/throughput.py`): the engine profiles each
@@ -141,6 +140,7 @@ class Engine:
         if mode not in ("routed", "standard", "lockstep"):
             raise ConfigError(f"mode: must be 'routed', 'standard' or 'lockstep', got {mode!r}")
         self.mode = mode
+        self._share: CoreShare | None = None  # workers on CPU: their turns and compute thread
         self.auto_batching = isinstance(delayed_batching, str) and delayed_batching == "auto"
         self.batch_min = self._batch_min(None if self.auto_batching else delayed_batching)
         self.batch_wait_s = batch_wait_s
@@ -207,7 +207,9 @@ class Engine:
         """Load every model (one at a time, to bound peak memory) and start the workers."""
         if self._running:
             raise EngineNotRunningError("the engine is already running")
-        share = self._core_share()
+        share = self._share = self._core_share()
+        if share is not None:
+            share.start()
         workers = {
             name: Worker(
                 name,
@@ -243,6 +245,7 @@ class Engine:
         except BaseException:
             for worker in workers.values():
                 worker.stop()
+            self._stop_share(timeout=self.stop_timeout)
             self.loaded.clear()
             self.workers = {}
             raise
@@ -250,12 +253,17 @@ class Engine:
         if self._auto is not None:
             self._auto.start()  # only with every model's profile
 
+    def _stop_share(self, timeout: float) -> None:
+        if self._share is not None:
+            self._share.stop(timeout)
+            self._share = None
+
     def _core_share(self) -> CoreShare | None:
-        """Without `num_threads`, workers stepping on CPU at once share its cores, claimed per step."""
+        """Without `num_threads`, workers on CPU take turns, each step alone on every core."""
         on_cpu = sum(torch.device(spec.device).type == "cpu" for spec in self.specs.values())
         if self.num_threads is not None or self.mode == "lockstep" or on_cpu < 2:
             return None
-        return CoreShare(usable_cores(), on_cpu)
+        return CoreShare(usable_cores())
 
     def _check_tokenizers(self) -> None:
         """Routed models must share one vocabulary: a token id must mean the same to each of them."""
@@ -285,6 +293,7 @@ class Engine:
             left = max(0.0, deadline - time.monotonic())
             if not await anyio.to_thread.run_sync(worker.join, left):
                 stuck.append(name)
+        self._stop_share(timeout=max(0.0, deadline - time.monotonic()))
         self.workers.clear()
         self.loaded.clear()
         self.stuck_workers = stuck

@@ -57,6 +57,22 @@ class BlockManager:
     def _chain(prev: int, tokens: tuple[int, ...]) -> int:
         return hash((prev, tokens))
 
+    def prefix_hashes(self, seq: Sequence) -> tuple[list[int], int]:
+        """The chained hashes of the sequence's full blocks before its last token, and how many
+        of them lead off cached (what `match_prefix` would attach)."""
+        if not self.prefix_caching:
+            return [], 0
+        tokens, bs = seq.token_ids, self.block_size
+        hashes, cached, h = [], 0, 0
+        for i in range((len(tokens) - 1) // bs):
+            chunk = tuple(tokens[i * bs : (i + 1) * bs])
+            h = self._chain(h, chunk)
+            hashes.append(h)
+            block_id = self.cached.get(h)
+            if cached == i and block_id is not None and self.block_keys[block_id] == (h, chunk):
+                cached += 1
+        return hashes, cached
+
     def match_prefix(self, seq: Sequence) -> None:
         """Attach cached blocks for the longest cached prefix of a sequence that holds no blocks.
 

@@ -1,21 +1,36 @@
-"""The CPU cores that an engine's workers step on, shared so that none sits idle.
+"""The CPU cores an engine's workers step on: they take turns, each step alone on every core.
 
 On a GPU each worker's forward is queued on the device; on CPU every worker's forward runs on
-the same cores, through torch's intra-op threads of the worker's own thread. A fixed split (one
-thread per worker on two cores) leaves half the machine idle whenever one model has nothing to
-do, which at one request in flight is always; all cores for every worker oversubscribes them
-when both step, and OpenMP teams fighting over cores run far slower than either alone.
+the same cores and, above all, the same memory bus: a decode step reads all of a model's weights
+whatever its batch. Measured on the demo pair (docs/benchmarks.md), two workers stepping at once
+on a core each ran 0.7x as fast as one loop stepping each model in turn on both cores: the small
+model, stepping three times as often on a few rows, re-read its weights at a rate that took the
+large model's memory bandwidth. A fixed split also idles half the machine whenever one model has
+nothing to do, which at one request in flight is always.
 
-So a worker claims cores while it has work: before each step it takes every core no other
-worker has claimed (at least one), and it gives them back when it runs out of ready requests.
-A worker stepping alone gets all cores; two busy workers settle on half each within one step
-(the one that claimed first keeps its cores until its current step ends).
+So on CPU the workers take turns, first come first served: a worker waits for the turn before
+each step, runs it on every core, and gives the turn up once the step's hand-offs are posted.
+A worker stepping alone never waits; two busy workers alternate, and while one steps, requests
+gather at the other, so its next step is fuller. Each worker still schedules on its own: it
+steps whenever it has ready requests, not in a fixed order.
+
+Every forward runs in one compute thread that the workers hand it to (`run`), not in the
+workers' own threads: GNU OpenMP keeps a thread team per thread that runs parallel regions, and
+once its threads outnumber the cores it stops spinning between regions, which made each step a
+fifth slower with two workers' teams on two cores. One team, in one thread, never outnumbers them.
 """
 
 from __future__ import annotations
 
 import os
+import queue
 import threading
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+import torch
 
 
 def usable_cores() -> int:
@@ -27,29 +42,78 @@ def usable_cores() -> int:
 
 
 class CoreShare:
-    def __init__(self, cores: int, workers: int):
+    POLL_S = 0.25  # how often a waiting worker checks whether it should give up (it is stopping)
+
+    def __init__(self, cores: int):
         self.cores = max(1, cores)
-        self.workers = max(1, workers)
-        self._lock = threading.Lock()
-        self._claims: dict[str, int] = {}
+        self._cond = threading.Condition()
+        self._holder: str | None = None
+        self._queue: deque[str] = deque()
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    # ---- the compute thread ----------------------------------------------------------------
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._compute, name="tokenrouter-cpu-compute", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """End the compute thread after the job it is running (waits at most `timeout`)."""
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread.join(timeout)
+            self._thread = None
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run `fn` in the compute thread, on every core, and return its result (or raise)."""
+        if self._thread is None:
+            raise RuntimeError("the CPU compute thread is not running")
+        done: Future = Future()
+        self._jobs.put((fn, done))
+        return done.result()
+
+    def _compute(self) -> None:
+        # torch applies its process-wide thread count to a thread lazily, at the thread's first
+        # query; query first, or a worker's later set_num_threads(1) would become ours too
+        torch.get_num_threads()
+        torch.set_num_threads(self.cores)
+        while (job := self._jobs.get()) is not None:
+            fn, done = job
+            try:
+                with torch.inference_mode():
+                    done.set_result(fn())
+            except BaseException as e:  # the caller re-raises it, in its own thread
+                done.set_exception(e)
+
+    # ---- turns -----------------------------------------------------------------------------
+
+    def take(self, worker: str, give_up: Callable[[], bool] = lambda: False) -> bool:
+        """Wait for the turn (first come, first served); False if `give_up()` became true first."""
+        with self._cond:
+            if self._holder == worker:
+                return True
+            self._queue.append(worker)
+            while self._holder is not None or self._queue[0] != worker:
+                if give_up():
+                    self._queue.remove(worker)
+                    self._cond.notify_all()  # if it was first in line, the next may go
+                    return False
+                self._cond.wait(self.POLL_S)
+            self._queue.popleft()
+            self._holder = worker
+            return True
+
+    def give(self, worker: str) -> None:
+        """End `worker`'s turn (a no-op if it does not hold it)."""
+        with self._cond:
+            if self._holder == worker:
+                self._holder = None
+                self._cond.notify_all()
 
     @property
-    def fair_share(self) -> int:
-        """Threads a worker gets when every worker is busy (what its latency profile measures)."""
-        return max(1, self.cores // self.workers)
+    def holder(self) -> str | None:
+        return self._holder
 
-    def claim(self, worker: str) -> int:
-        """The threads `worker` should step with now; it holds them until `release`."""
-        with self._lock:
-            others = sum(n for name, n in self._claims.items() if name != worker)
-            threads = max(1, self.cores - others)
-            self._claims[worker] = threads
-            return threads
-
-    def release(self, worker: str) -> None:
-        with self._lock:
-            self._claims.pop(worker, None)
-
-    def claims(self) -> dict[str, int]:
-        with self._lock:
-            return dict(self._claims)
+    def waiting(self) -> list[str]:
+        with self._cond:
+            return list(self._queue)

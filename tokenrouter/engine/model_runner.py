@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -57,7 +58,15 @@ class HiddenCapture:
 
 
 class ModelRunner:
-    def __init__(self, loaded: LoadedModel, backend: AttentionBackend, block_size: int, capture_hidden: bool = False):
+    def __init__(
+        self,
+        loaded: LoadedModel,
+        backend: AttentionBackend,
+        block_size: int,
+        capture_hidden: bool = False,
+        compute: Callable[[Callable[[], ForwardOutput]], ForwardOutput] | None = None,
+    ):
+        self.compute = compute  # runs the forward elsewhere (the shared CPU compute thread), if given
         self.loaded = loaded
         self.model = loaded.model
         self.backend = backend
@@ -127,8 +136,13 @@ class ModelRunner:
         )
         return input_ids, positions, meta, sample_rows, last_index
 
-    @torch.inference_mode()
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
+        if self.compute is not None:
+            return self.compute(lambda: self._forward(batch))
+        return self._forward(batch)
+
+    @torch.inference_mode()
+    def _forward(self, batch: ScheduledBatch) -> ForwardOutput:
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
         keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
         t0 = time.perf_counter()

@@ -2,7 +2,10 @@
 
 Every step: running sequences first (decodes take one token of the step's token budget each;
 unfinished prefills and catch-ups of requests back from a peer take chunks of what is left),
-then waiting sequences are admitted while budget, batch size and KV blocks allow.
+then waiting sequences are admitted while budget, batch size and KV blocks allow. A waiting
+sequence whose next uncached prefix block another admission computes in the same step waits one
+step, then reuses it from the prefix cache (SGLang deprioritises in-batch prefix duplicates the
+same way): requests that arrive together with a shared system prompt compute it once.
 
 A request away at a peer is *pending*: it keeps its blocks, so on return only the unseen suffix
 is computed. When blocks run out, pending requests are evicted first (least recently parked
@@ -139,7 +142,10 @@ class Scheduler:
             else:
                 prefills.append((seq, n))
 
-        # Admit waiting sequences.
+        # Admit waiting sequences. One whose next uncached block another admission computes in
+        # this very step waits a step and then finds it cached (the prefix is computed once).
+        computing: set[int] = set()  # hashes of the full blocks this step's admissions compute
+        deferred: list[Sequence] = []
         while self.waiting and budget > 0 and len(decodes) + len(prefills) + len(kept) < self.max_num_seqs:
             seq = self.waiting[0]
             total = len(seq.token_ids)
@@ -147,7 +153,12 @@ class Scheduler:
                 self.waiting.popleft()
                 failed.append((seq, self._too_big(total)))
                 continue
+            hashes: list[int] = []
             if not seq.block_table:
+                hashes, cached = self.blocks.prefix_hashes(seq)
+                if cached < len(hashes) and hashes[cached] in computing:
+                    deferred.append(self.waiting.popleft())
+                    continue
                 self.blocks.match_prefix(seq)
             n = min(seq.num_uncomputed, budget)
             bs = self.blocks.block_size
@@ -166,12 +177,14 @@ class Scheduler:
             self.blocks.grow(seq, seq.num_computed + n)
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
+            computing.update(hashes[seq.num_computed // bs : (seq.num_computed + n) // bs])
             budget -= n
             if n == 1 and seq.num_uncomputed == 1:
                 decodes.append(seq)
             else:
                 prefills.append((seq, n))
 
+        self.waiting.extendleft(reversed(deferred))  # first in line next step, in their order
         self.running.extend(decodes)
         self.running.extend(s for s, _ in prefills)
         self.running.extend(kept)

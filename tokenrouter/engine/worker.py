@@ -16,7 +16,7 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
@@ -83,8 +83,7 @@ class WorkerStats:
     alive: bool
     error: str | None
     batch_min: int = 1  # B in force (delayed batching)
-    # CPU cores shared between workers (engine/core_share.py): steps by the torch threads they ran on
-    steps_by_threads: dict[int, int] = field(default_factory=dict)
+    time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/core_share.py)
     # delayed_batching="auto": the throughput model's current choice and prediction (the same
     # object for every model; `Engine.stats()` fills it in)
     throughput_prediction: ThroughputPrediction | None = None
@@ -120,8 +119,7 @@ class Worker:
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
         self.keep_kv_on_handoff = keep_kv_on_handoff
         self.num_threads = num_threads  # torch intra-op threads of this worker's thread
-        self.core_share = core_share  # else: CPU cores shared with the other workers, claimed per step
-        self._threads_now = 0
+        self.core_share = core_share  # else: on CPU, steps taken in turns with the other workers
         self.peers: dict[str, Worker] = {}
         self.loaded: LoadedModel | None = None  # set by setup(), in the worker's thread
         self._ready = threading.Event()
@@ -152,16 +150,17 @@ class Worker:
         self.catchup_tokens = 0  # tokens they needed computed on arrival
         self.step_tokens: dict[int, int] = {}  # steps by the tokens they computed (a plain dict: copy() is atomic)
         self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread (at setup)
-        self.steps_by_threads: dict[int, int] = {}  # with a core share: steps by the threads they ran on
+        self.time_waiting_for_cores = 0.0
 
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
         try:
+            torch.get_num_threads()  # torch applies its process-wide count lazily: settle it before ours
             if self.num_threads is not None:
                 torch.set_num_threads(self.num_threads)
-            elif self.core_share is not None:  # load, and profile, at the share it gets when all are busy
-                torch.set_num_threads(self.core_share.fair_share)
-            self.torch_threads = self._threads_now = torch.get_num_threads()
+            elif self.core_share is not None:  # forwards run in the shared compute thread, on every core;
+                torch.set_num_threads(1)  # this thread's own ops (loading, sampling) stay off OpenMP teams
+            self.torch_threads = self.core_share.cores if self.core_share is not None else torch.get_num_threads()
             spec = self.spec
             loaded = load_model(self.name, spec)
             layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
@@ -178,7 +177,8 @@ class Worker:
             self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
             self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
             capture = self.routing and HIDDEN in self.policy.requires
-            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size, capture)
+            compute = self.core_share.run if self.core_share is not None else None
+            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size, capture, compute)
             self.sampler = Sampler()
             self.loaded = loaded
         except BaseException as e:
@@ -300,7 +300,7 @@ class Worker:
             alive=self.alive,
             error=self.error,
             batch_min=self.batch_min,
-            steps_by_threads=dict(sorted(self.steps_by_threads.items())),
+            time_waiting_for_cores_s=self.time_waiting_for_cores,
         )
 
     # ---- the worker thread ---------------------------------------------------------------
@@ -319,7 +319,6 @@ class Worker:
                     ready = self.scheduler.num_ready
                     if ready == 0:
                         hold_since = None
-                        self._release_cores()
                         t0 = time.perf_counter()
                         self._wake.wait(timeout=1.0)
                         self.time_idle += time.perf_counter() - t0
@@ -329,32 +328,34 @@ class Worker:
                         hold_since = hold_since or now
                         left = self.batch_wait_s - (now - hold_since)
                         if left > 0:
-                            self._release_cores()
                             self._wake.wait(timeout=left)
                             self.time_waiting_for_batch += time.perf_counter() - now
                             continue
                     hold_since = None
-                    self._claim_cores()
-                    self._step()
+                    if self._take_turn():
+                        if self.core_share is not None:
+                            self._drain_inbox()  # what arrived while we waited joins this step
+                            if self._stopping:
+                                continue
+                        self._step()
         except BaseException as e:  # the loop itself broke: fail everything, report, and die
             self.fail(e)
         finally:
-            self._release_cores()
+            self._end_turn()
             self.shut_down()
 
-    def _claim_cores(self) -> None:
-        """Step with every core no other worker holds (engine/core_share.py)."""
+    def _take_turn(self) -> bool:
+        """On a shared CPU, wait for the other workers' steps (engine/core_share.py); False if stopping."""
         if self.core_share is None:
-            return
-        threads = self.core_share.claim(self.name)
-        if threads != self._threads_now:
-            torch.set_num_threads(threads)
-            self._threads_now = threads
-        self.steps_by_threads[threads] = self.steps_by_threads.get(threads, 0) + 1
+            return True
+        t0 = time.perf_counter()
+        took = self.core_share.take(self.name, give_up=lambda: self._stopping)
+        self.time_waiting_for_cores += time.perf_counter() - t0
+        return took
 
-    def _release_cores(self) -> None:
+    def _end_turn(self) -> None:
         if self.core_share is not None:
-            self.core_share.release(self.name)
+            self.core_share.give(self.name)
 
     def fail(self, e: BaseException) -> None:
         self.error = f"worker {self.name!r} died: {type(e).__name__}: {e}"
@@ -406,10 +407,14 @@ class Worker:
         try:
             from .latency_profile import measure
 
-            if self._threads_now != self.torch_threads:  # profile at the setup share, as its key says
-                torch.set_num_threads(self.torch_threads)
-                self._threads_now = self.torch_threads
-            future.set_result(measure(self, **options))
+            held = self.core_share is not None and self.core_share.holder == self.name
+            if not held and not self._take_turn():  # time steps alone on the cores, as they run when serving
+                raise RuntimeError(f"worker {self.name!r} is stopping")
+            try:
+                future.set_result(measure(self, **options))
+            finally:
+                if not held:
+                    self._end_turn()
         except Exception as e:
             log.exception("worker %r: profiling failed", self.name)
             future.set_exception(e)
@@ -504,8 +509,6 @@ class Worker:
         # Events before messages: a peer's tokens must never reach the caller before ours.
         if events:
             self.sink(events)
-        if outgoing and self.scheduler.num_ready == 0:
-            self._release_cores()  # before the peer wakes to step what we hand it, not after
         late: list[WorkerEvent] = []
         for peer, msg, req in outgoing:
             if not peer.hand_off(msg, req):  # the peer has stopped or died
@@ -517,6 +520,7 @@ class Worker:
                     late.append(WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=err))
         if late:
             self.sink(late)
+        self._end_turn()  # after the hand-offs are posted, so a peer waiting for the turn steps them
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed
