@@ -2,7 +2,7 @@
 concurrency levels under delayed_batching="auto", and the B it picks against a sweep of fixed B.
 
     python benchmarks/bench_throughput_model.py [--concurrency 1 4 16] [--sweep 1 2 4 8 16]
-        [--repeats 2] [--warmup 20] [--seconds 45] [--max-tokens 32] [--tau 0.03] [--threads 1]
+        [--repeats 2] [--warmup 20] [--seconds 45] [--max-tokens 32] [--tau 0.03] [--threads N]
 
 Models: the demo pair from the store (`tokenrouter pull demo`), RStitch(tau). Each level runs a
 closed loop: C clients, each sending held-out-style prompts (Python standard-library functions to
@@ -28,6 +28,7 @@ import anyio
 import torch
 
 from tokenrouter import Engine, RStitch, SamplingParams
+from tokenrouter.bench.harness import release_memory
 from tokenrouter.policies.labels import python_corpus
 from tokenrouter.throughput import predict
 
@@ -80,6 +81,7 @@ async def main(args) -> dict:
                 "note": pred.note,
             }
             print(f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True)
+        release_memory()  # a real pair per engine: without it the heap grows until the box runs out
     c = max(args.concurrency)
     auto = observed[c]
     measured: dict[int, list[float]] = {b: [] for b in args.sweep}
@@ -88,6 +90,7 @@ async def main(args) -> dict:
             batch = {m: b for m in policy.models}
             async with Engine(policy=policy, delayed_batching=batch, num_threads=args.threads) as engine:
                 measured[b].append(await closed_loop(engine, prompts, c, args.warmup, args.seconds, args.max_tokens))
+            release_memory()
             print(f"C={c}, B={b}, repeat {rep + 1}: measured {measured[b][-1]:.2f} tok/s", flush=True)
     for b in args.sweep:
         predicted = None
@@ -114,7 +117,8 @@ if __name__ == "__main__":
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tau", type=float, default=0.03)
-    p.add_argument("--threads", type=int, default=1, help="torch threads per worker")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default: the engine's, turns on the CPU's cores)")
     p.add_argument("--out", default="bench_out/throughput_model.json")
     args = p.parse_args()
     torch.set_num_threads(1)
