@@ -34,6 +34,21 @@ def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.floa
     return out[0, len(prompt_ids) :].tolist()
 
 
+async def generate_all(engine, prompts, params) -> list:
+    """Every prompt at once, each in its own task; the outputs in prompt order."""
+    import anyio
+
+    outs = [None] * len(prompts)
+
+    async def one(i):
+        outs[i] = await engine.generate(prompts[i], params)
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(prompts)):
+            tg.start_soon(one, i)
+    return outs
+
+
 async def wait_all_free(engine, timeout: float = 10.0) -> None:
     """Wait until no worker holds any request or KV block (workers free KV asynchronously)."""
     if not await wait_free(engine, timeout):

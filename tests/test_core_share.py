@@ -15,7 +15,7 @@ from tokenrouter.engine.core_share import CoreShare, usable_cores
 from tokenrouter.policies import RStitch
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import wait_all_free
+from .helpers import generate_all, wait_all_free
 
 
 def test_turns_are_first_come_first_served():
@@ -100,14 +100,7 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=num_threads) as e:
             seen = NeverTogether(e)
-            outs = []
-
-            async def one(i):
-                outs.append(await e.generate([9 + i, 10, 11, 12], params))
-
-            async with anyio.create_task_group() as tg:
-                for i in range(8):
-                    tg.start_soon(one, i)
+            outs = await generate_all(e, [[9 + i, 10, 11, 12] for i in range(8)], params)
             assert [len(o.token_ids) for o in outs] == [24] * 8
             await wait_all_free(e)
             stats = e.stats()

@@ -9,7 +9,7 @@ from tokenrouter import Engine, EngineNotRunningError, InvalidRequestError, Mode
 from tokenrouter.engine.block_manager import BlockManager
 from tokenrouter.engine.sequence import Request, Sequence
 
-from .helpers import hf_greedy, wait_all_free
+from .helpers import generate_all, hf_greedy, wait_all_free
 
 
 def _seq(tokens):
@@ -212,14 +212,7 @@ def test_shared_prefix_computed_once_in_the_engine_and_outputs_unchanged(tiny_mo
 
     async def main():
         async with Engine(models={"m": spec}) as engine:
-            outs = [None] * len(prompts)
-
-            async def one(i):
-                outs[i] = await engine.generate(prompts[i], params)
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(prompts)):
-                    tg.start_soon(one, i)
+            outs = await generate_all(engine, prompts, params)
             await wait_all_free(engine)
             return outs, engine.stats()["m"]
 

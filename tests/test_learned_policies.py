@@ -18,7 +18,7 @@ from tokenrouter.policies.routers import RouterConfig, RouterNet, load_router, m
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import wait_all_free
+from .helpers import generate_all, wait_all_free
 
 POLICIES = {"citer": CITER, "r2r": R2R, "collm": CoLLM}
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -59,17 +59,10 @@ def make_router(kind: str, ref_models, seed: int = 0) -> RouterNet:
 
 
 async def _serve(policy, specs, prompts):
-    outs = {}
     async with Engine(models=specs, policy=policy, num_threads=1) as engine:
-
-        async def one(i):
-            outs[i] = await engine.generate(prompts[i], PARAMS)
-
-        async with anyio.create_task_group() as tg:
-            for i in range(len(prompts)):
-                tg.start_soon(one, i)
+        outs = await generate_all(engine, prompts, PARAMS)
         await wait_all_free(engine)
-    return outs
+    return dict(enumerate(outs))
 
 
 def _specs(paths):
