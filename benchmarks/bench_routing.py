@@ -117,7 +117,7 @@ if __name__ == "__main__":
     p.add_argument("--requests", type=int, default=None, help="requests per level (default max(2, C))")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (routed, standard; default: the workers share the cores)")
+                   help="torch threads per worker (routed, standard; default: turns on the CPU, each step on every core)")
     p.add_argument("--threads-lockstep", type=int, default=None,
                    help="torch threads of lockstep's one stepping thread (default: every core)")
     p.add_argument("--kv-cache-tokens", type=int, default=8192)

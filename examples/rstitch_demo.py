@@ -48,5 +48,5 @@ if __name__ == "__main__":
     p.add_argument("prompt", nargs="?", default="Write a Python function that checks whether a number is prime.")
     p.add_argument("--tau", type=float, default=0.03)
     p.add_argument("--max-tokens", type=int, default=96)
-    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: they share the cores)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads per worker (default: turns on the CPU)")
     anyio.run(main, p.parse_args())

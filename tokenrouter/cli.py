@@ -138,7 +138,7 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     _add_routing_options(g)
     g.add_argument(
         "--threads", type=_positive_int, default=None,
-        help="torch threads per worker (default: the workers share the cores, each step taking every free one)",
+        help="torch threads per worker (default: on CPU the workers take turns, each step on every core)",
     )  # fmt: skip
     g.add_argument(
         "--kv-cache-tokens", type=_positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
@@ -356,8 +356,8 @@ def _add_bench_parser(sub) -> None:
     )  # fmt: skip
     r.add_argument(
         "--threads", type=_positive_int, default=None, metavar="N",
-        help="torch threads per worker of routed and standard (default: their workers share the cores, "
-        "each step taking every core the other is not using)",
+        help="torch threads per worker of routed and standard, stepping at once (default: on CPU their "
+        "workers take turns, each step on every core)",
     )  # fmt: skip
     r.add_argument(
         "--threads-lockstep", type=_positive_int, default=None, metavar="N",

@@ -58,7 +58,7 @@ class BenchConfig:
     requests: int | None = None  # sessions per level; None: max(min_requests, C)
     min_requests: int = 2
     kv_cache_tokens: int | None = None  # per model; None: every session of the largest level at once, >= 8192
-    threads: int | None = None  # torch threads per worker (routed, standard); None: they share the cores
+    threads: int | None = None  # torch threads per worker (routed, standard); None: turns on the CPU
     threads_lockstep: int | None = None  # torch threads of lockstep's one stepping thread; None: every core
     max_run_s: float | None = None
     reuse_engines: bool = False

@@ -73,8 +73,9 @@ class BlockManager:
                 cached += 1
         return hashes, cached
 
-    def match_prefix(self, seq: Sequence) -> None:
-        """Attach cached blocks for the longest cached prefix of a sequence that holds no blocks.
+    def match_prefix(self, seq: Sequence, prefix: tuple[list[int], int] | None = None) -> None:
+        """Attach cached blocks for the longest cached prefix of a sequence that holds no blocks
+        (`prefix`: what `prefix_hashes` returned for it, if the caller has it already).
 
         Only blocks entirely before the last token are matched: the last token is always
         computed, so its logits exist and no shared block is ever written.
@@ -82,19 +83,13 @@ class BlockManager:
         assert not seq.block_table and seq.num_computed == 0
         if not self.prefix_caching:
             return
-        tokens = seq.token_ids
-        bs = self.block_size
-        h = 0
-        for i in range((len(tokens) - 1) // bs):
-            chunk = tuple(tokens[i * bs : (i + 1) * bs])
-            h = self._chain(h, chunk)
-            block_id = self.cached.get(h)
-            if block_id is None or self.block_keys[block_id] != (h, chunk):
-                break
+        hashes, cached = prefix if prefix is not None else self.prefix_hashes(seq)
+        for h in hashes[:cached]:
+            block_id = self.cached[h]
             self._ref(block_id)
             seq.block_table.append(block_id)
         seq.num_computed = seq.num_hashed_blocks = len(seq.block_table)
-        seq.num_computed *= bs
+        seq.num_computed *= self.block_size
         seq.num_cached_prompt = min(seq.num_computed, seq.req.num_prompt_tokens)
         self.prefix_hits += seq.num_computed
 

@@ -159,7 +159,7 @@ class Scheduler:
                 if cached < len(hashes) and hashes[cached] in computing:
                     deferred.append(self.waiting.popleft())
                     continue
-                self.blocks.match_prefix(seq)
+                self.blocks.match_prefix(seq, (hashes, cached))
             n = min(seq.num_uncomputed, budget)
             bs = self.blocks.block_size
             need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)

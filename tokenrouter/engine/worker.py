@@ -149,7 +149,7 @@ class Worker:
         self.catchups = 0  # requests arrived from a peer
         self.catchup_tokens = 0  # tokens they needed computed on arrival
         self.step_tokens: dict[int, int] = {}  # steps by the tokens they computed (a plain dict: copy() is atomic)
-        self.torch_threads: int | None = None  # torch's intra-op threads in this worker's thread (at setup)
+        self.torch_threads: int | None = None  # torch threads its forwards run on (the compute thread's, if shared)
         self.time_waiting_for_cores = 0.0
 
     def setup(self) -> None:
