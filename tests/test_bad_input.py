@@ -195,6 +195,8 @@ MS_ACCEPTED = [
     ("max_model_len", None),
     ("enable_prefix_caching", False),
     *[("onednn_linear", v) for v in (None, True, False)],
+    *[("attention_backend", v) for v in ("auto", "torch", "flashinfer")],
+    *[("cuda_graph_max_batch", v) for v in (0, 1, 32, 4096)],
 ]
 
 MS_REJECTED = [
@@ -247,6 +249,13 @@ MS_REJECTED = [
     ("enable_prefix_caching", None, "valid boolean"),
     ("onednn_linear", 1, "valid boolean"),
     ("onednn_linear", "auto", "valid boolean"),
+    ("attention_backend", "triton", "'auto', 'torch' or 'flashinfer'"),
+    ("attention_backend", None, "'auto', 'torch' or 'flashinfer'"),
+    ("attention_backend", "", "'auto', 'torch' or 'flashinfer'"),
+    ("cuda_graph_max_batch", -1, "greater than or equal to 0"),
+    ("cuda_graph_max_batch", 4097, "less than or equal to 4096"),
+    ("cuda_graph_max_batch", 8.0, "valid integer"),
+    ("cuda_graph_max_batch", True, "valid integer"),
     ("bogus", 1, "Extra inputs are not permitted"),
     ("maxmodellen", 64, "Extra inputs are not permitted"),
 ]

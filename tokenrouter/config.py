@@ -105,6 +105,20 @@ class ModelSpec(BaseModel):
         "about 2x faster on CPU). None: wherever it applies; True: required; False: torch's default path.",
     )
 
+    attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
+        "auto",
+        description="'auto': flashinfer's paged kernels on CUDA in float16/bfloat16 when the `gpu` extra is "
+        "installed, else torch's. 'flashinfer' requires it; 'torch' runs anywhere.",
+    )
+    cuda_graph_max_batch: int = Field(
+        32,
+        ge=0,
+        le=4096,
+        strict=True,
+        description="With flashinfer, decode steps of up to this many requests replay CUDA graphs captured at "
+        "start (sizes 1, 2, 4, 8, then every 8); 0 runs every step eagerly.",
+    )
+
     @field_validator("path", "tokenizer", mode="before")
     @classmethod
     def _not_empty(cls, v):

@@ -35,10 +35,19 @@ class AttentionMetadata:
     # prefill/extend rows: (token start, query length, context length) and context slots
     prefill_rows: list[tuple[int, int, int]]
     prefill_slots: list[torch.Tensor | None]  # None: no cached prefix, attend to fresh K/V only
+    # the same rows as pages, for backends that plan over the block tables (engine/paged_layout.py)
+    query_lens: list[int]  # new tokens of each row
+    context_lens: list[int]  # tokens each row attends to once its new ones are written
+    block_tables: list[list[int]]  # each row's block ids (at least ceil(context_len / block_size))
+    block_size: int
 
 
 class AttentionBackend(ABC):
     """Writes a layer's new K/V into the paged cache and computes attention for a packed batch."""
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        """Called once per step before the forward: a backend whose kernels need per-step
+        scheduling data (flashinfer's wrappers) prepares it here, not once per layer."""
 
     @abstractmethod
     def forward(

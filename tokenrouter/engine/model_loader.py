@@ -92,7 +92,7 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{spec.path}: encoder-decoder models are not supported, only decoder-only ones")
     dtype = resolve_dtype(spec, config)
-    device = torch.device(spec.device)
+    device = _usable_device(spec)
     try:
         model = AutoModelForCausalLM.from_pretrained(
             directory,
@@ -121,6 +121,18 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
         eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
     )
+
+
+def _usable_device(spec: ModelSpec) -> torch.device:
+    device = torch.device(spec.device)
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ModelLoadError(f"device={spec.device!r} for {spec.path}: this torch sees no CUDA device")
+        if device.index is not None and device.index >= torch.cuda.device_count():
+            raise ModelLoadError(
+                f"device={spec.device!r} for {spec.path}: only {torch.cuda.device_count()} CUDA device(s) here"
+            )
+    return device
 
 
 def _pack_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata, step_context
+from .cuda_graph import DecodeGraphs
 from .model_loader import LoadedModel
 from .sequence import Sequence
 
@@ -73,6 +74,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = loaded.device
         self.capture = HiddenCapture(loaded.model) if capture_hidden else None
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/cuda_graph.py), set by the worker
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         bs = self.block_size
@@ -133,6 +135,10 @@ class ModelRunner:
             decode_positions=decode_positions,
             prefill_rows=prefill_rows,
             prefill_slots=prefill_slots,
+            query_lens=batch.num_new,
+            context_lens=[s.num_computed + n for s, n in zip(batch.seqs, batch.num_new)],
+            block_tables=[s.block_table for s in batch.seqs],
+            block_size=bs,
         )
         return input_ids, positions, meta, sample_rows, last_index
 
@@ -144,8 +150,21 @@ class ModelRunner:
     @torch.inference_mode()
     def _forward(self, batch: ScheduledBatch) -> ForwardOutput:
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
-        keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
         t0 = time.perf_counter()
+        if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):
+            logits, hidden = self.graphs.replay(input_ids, positions, meta)
+        else:
+            self.backend.plan(meta)
+            keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
+            logits, hidden = self.run_model(input_ids, positions, meta, keep)
+        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, hidden)
+
+    def run_model(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor | int
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The model's forward over a planned step: logits of the `keep` rows (0: every row), and
+        their last hidden states when captured. Nothing here syncs the device, so CUDA graphs
+        capture it as it is."""
         with step_context(self.backend, meta):
             out = self.model(
                 input_ids=input_ids[None],
@@ -154,4 +173,4 @@ class ModelRunner:
                 logits_to_keep=keep,
             )
         hidden = self.capture.take()[0] if self.capture is not None else None
-        return ForwardOutput(out.logits[0], sample_rows, time.perf_counter() - t0, hidden)
+        return out.logits[0], hidden

@@ -16,7 +16,7 @@ import traceback
 from collections import Counter, deque
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,8 +24,10 @@ from ..config import ModelSpec
 from ..errors import ConfigError
 from ..throughput import ThroughputPrediction
 from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
+from .attention_choice import choose_attention_backend
 from .block_manager import BlockManager
 from .core_share import CoreShare
+from .cuda_graph import DecodeGraphs
 from .kv_cache import KVCache, KVLayout
 from .model_loader import LoadedModel, load_model
 from .model_runner import ModelRunner, ScheduledBatch
@@ -84,6 +86,8 @@ class WorkerStats:
     error: str | None
     batch_min: int = 1  # B in force (delayed batching)
     time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/core_share.py)
+    attention_backend: str = ""  # "torch" or "flashinfer" (ModelSpec.attention_backend)
+    cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
     # delayed_batching="auto": the throughput model's current choice and prediction (the same
     # object for every model; `Engine.stats()` fills it in)
     throughput_prediction: ThroughputPrediction | None = None
@@ -151,6 +155,8 @@ class Worker:
         self.step_tokens: dict[int, int] = {}  # steps by the tokens they computed (a plain dict: copy() is atomic)
         self.torch_threads: int | None = None  # torch threads its forwards run on (the compute thread's, if shared)
         self.time_waiting_for_cores = 0.0
+        self.attention_backend = ""  # "torch" or "flashinfer", chosen at setup
+        self.cuda_graph_sizes: list[int] = []  # decode batch sizes replayed from CUDA graphs
 
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
@@ -173,12 +179,29 @@ class Worker:
                     f"model {self.name!r}: the KV budget is smaller than one block of {spec.block_size} tokens "
                     f"({spec.block_size * layout.bytes_per_token} bytes)"
                 )
-            self.cache = KVCache(layout, num_blocks, spec.block_size, loaded.device)
+            text = loaded.model.config.get_text_config()
+            self.attention_backend = choose_attention_backend(spec, loaded.device, loaded.dtype, layout.head_dim)
+            graph_batch = 0
+            if self.attention_backend == "flashinfer":
+                graph_batch = min(spec.cuda_graph_max_batch, spec.max_num_seqs)
+            # CUDA graphs pad decode steps with rows that write one extra block, no request's
+            self.cache = KVCache(layout, num_blocks + (1 if graph_batch else 0), spec.block_size, loaded.device)
             self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
             self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
             capture = self.routing and HIDDEN in self.policy.requires
             compute = self.core_share.run if self.core_share is not None else None
-            self.runner = ModelRunner(loaded, TorchPagedAttention(self.cache), spec.block_size, capture, compute)
+            if self.attention_backend == "flashinfer":
+                from .flashinfer_attention import FlashInferPagedAttention
+
+                backend = FlashInferPagedAttention(self.cache, text.num_attention_heads, loaded.device)
+            else:
+                backend = TorchPagedAttention(self.cache)
+            self.runner = ModelRunner(loaded, backend, spec.block_size, capture, compute)
+            if graph_batch:
+                pages = -(-loaded.max_model_len // spec.block_size)
+                self.runner.graphs = DecodeGraphs(self.runner, backend, graph_batch, num_blocks, pages)
+                self.runner.graphs.capture()
+                self.cuda_graph_sizes = list(self.runner.graphs.sizes)
             self.sampler = Sampler()
             self.loaded = loaded
         except BaseException as e:
@@ -301,10 +324,21 @@ class Worker:
             error=self.error,
             batch_min=self.batch_min,
             time_waiting_for_cores_s=self.time_waiting_for_cores,
+            attention_backend=self.attention_backend,
+            cuda_graph_batch_sizes=list(self.cuda_graph_sizes),
         )
 
     # ---- the worker thread ---------------------------------------------------------------
     def _run(self) -> None:
+        """On CUDA, everything the worker does runs on its own stream, so two workers on one GPU overlap."""
+        device = torch.device(self.spec.device)
+        if device.type == "cuda" and torch.cuda.is_available():
+            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
+                self._serve()
+        else:
+            self._serve()
+
+    def _serve(self) -> None:
         hold_since: float | None = None
         self.setup()
         if self._setup_error is not None:

@@ -1,0 +1,284 @@
+"""The GPU path: flashinfer's paged attention, CUDA graphs of decode steps, several models on one GPU.
+
+What runs here on CPU checks the parts that do not need CUDA: the paged layout flashinfer plans
+from (it must describe exactly the attention the torch backend computes), the padding of decode
+steps to a captured size (the padded rows must not change the real rows' logits or KV), the
+backend choice and its errors. The tests marked `gpu` run the kernels and graphs themselves.
+"""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+import torch
+
+from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
+from tokenrouter.engine.attention_choice import choose_attention_backend
+from tokenrouter.engine.cuda_graph import graph_batch_sizes, pad_decode
+from tokenrouter.engine.flashinfer_attention import import_flashinfer
+from tokenrouter.engine.kv_cache import KVCache, KVLayout
+from tokenrouter.engine.model_loader import load_model
+from tokenrouter.engine.model_runner import ModelRunner, ScheduledBatch
+from tokenrouter.engine.paged_layout import PagedLayout
+from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
+from tokenrouter.engine.torch_attention import TorchPagedAttention
+from tokenrouter.errors import ModelLoadError
+
+from .helpers import generate_all, holds_nothing
+
+BS = 4  # block size: small, so rows span several pages and partial last pages
+
+
+def _seq(i: int, n: int, vocab: int, rng: random.Random) -> Sequence:
+    ids = [rng.randrange(5, vocab) for _ in range(n)]
+    req = Request(f"r{i}", ids, SamplingParams(), seed=0, stop_token_ids=frozenset(), max_tokens=8)
+    return Sequence(req, list(ids), status=SeqStatus.RUNNING)
+
+
+class _Pool:
+    """Hands out blocks in a shuffled order, so block tables are not contiguous."""
+
+    def __init__(self, num_blocks: int, rng: random.Random):
+        self.free = list(range(num_blocks))
+        rng.shuffle(self.free)
+
+    def grow(self, seq: Sequence, tokens: int) -> None:
+        while len(seq.block_table) * BS < tokens:
+            seq.block_table.append(self.free.pop())
+
+
+def _runner(path, dtype=torch.float64, device="cpu", blocks=64, extra_blocks=0):
+    loaded = load_model("m", ModelSpec(path=path, dtype="float64" if dtype == torch.float64 else "float32", device=device))
+    layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
+    cache = KVCache(layout, blocks + extra_blocks, BS, loaded.device)
+    return ModelRunner(loaded, TorchPagedAttention(cache), BS), cache
+
+
+def _mixed_step(runner, rng):
+    """Prefill 6 sequences, then a step mixing 3 decode rows with 3 extend rows (cached prefix +
+    several new tokens); returns that step's batch."""
+    vocab = runner.loaded.vocab_size
+    pool = _Pool(64, rng)
+    seqs = [_seq(i, n, vocab, rng) for i, n in enumerate([9, 4, 13, 6, 11, 8])]
+    for s in seqs:
+        pool.grow(s, len(s.token_ids))
+    runner.forward(ScheduledBatch(seqs, [len(s.token_ids) for s in seqs], 0))
+    for s in seqs:
+        s.num_computed = len(s.token_ids)
+    for s, extra in zip(seqs, [1, 1, 1, 3, 5, 2]):
+        s.token_ids += [rng.randrange(5, vocab) for _ in range(extra)]
+        pool.grow(s, len(s.token_ids))
+    return ScheduledBatch(seqs, [len(s.token_ids) - s.num_computed for s in seqs], 3)
+
+
+def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling, window):
+    """Attention computed from the paged layout alone, one row at a time, the way flashinfer reads
+    it: K/V appended at layout.slots(), each row's queries aligned to the end of its pages."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    slots = layout.slots()
+    k_cache[slots], v_cache[slots] = k, v
+    out = torch.empty_like(q)
+    bs = layout.page_size
+    for r in range(layout.num_rows):
+        q0, q1 = int(layout.qo_indptr[r]), int(layout.qo_indptr[r + 1])
+        pages = layout.kv_indices[int(layout.kv_indptr[r]) : int(layout.kv_indptr[r + 1])].long()
+        ctx = (len(pages) - 1) * bs + int(layout.kv_last_page_len[r])
+        ctx_slots = (pages[:, None] * bs + torch.arange(bs)).reshape(-1)[:ctx]
+        kr, vr = k_cache[ctx_slots], v_cache[ctx_slots]  # [ctx, Hkv, D]
+        group = q.shape[1] // k.shape[1]
+        kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
+        scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scaling
+        q_pos = torch.arange(ctx - (q1 - q0), ctx)[:, None]
+        diff = q_pos - torch.arange(ctx)[None, :]
+        allowed = (diff >= 0) & (diff < window if window else True)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        out[q0:q1] = torch.einsum("htc,chd->thd", scores.softmax(-1), vr)
+    return out
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_paged_layout_describes_the_torch_backends_attention(tiny_model, window):
+    rng = random.Random(0)
+    runner, cache = _runner(tiny_model)
+    batch = _mixed_step(runner, rng)
+    _, _, meta, _, _ = runner.prepare(batch)
+    layout = PagedLayout.from_metadata(meta)
+    assert torch.equal(layout.slots(), meta.slot_mapping)
+    assert layout.qo_indptr.tolist() == [0, 1, 2, 3, 6, 11, 13]
+    assert layout.positions.tolist() == torch.cat([torch.arange(s.num_computed, len(s.token_ids)) for s in batch.seqs]).tolist()
+
+    lay = cache.layout
+    torch.manual_seed(0)
+    heads = lay.num_kv_heads * 2
+    q = torch.randn(len(meta.slot_mapping), heads, lay.head_dim, dtype=torch.float64)
+    k = torch.randn(len(meta.slot_mapping), lay.num_kv_heads, lay.head_dim, dtype=torch.float64)
+    v = torch.randn_like(k)
+    expected = _reference_attention(q, k, v, cache.k[0], cache.v[0], layout, 0.3, window)
+    got = TorchPagedAttention(cache).forward(0, q, k, v, meta, 0.3, window)
+    torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+
+    # rows() describes a slice of the rows as a batch of its own
+    tail = layout.rows(3, 6)
+    assert tail.qo_indptr.tolist() == [0, 3, 8, 10]
+    assert torch.equal(tail.slots(), meta.slot_mapping[3:])
+    head = layout.rows(0, 3)
+    assert torch.equal(head.slots(), meta.slot_mapping[:3])
+
+
+def test_paged_layout_rejects_a_short_block_table():
+    with pytest.raises(ValueError, match="2 pages has a block table of 1"):
+        PagedLayout.build([1], [5], [[7]], page_size=4)
+
+
+def test_graph_batch_sizes():
+    assert graph_batch_sizes(0) == []
+    assert graph_batch_sizes(1) == [1]
+    assert graph_batch_sizes(6) == [1, 2, 4, 6]
+    assert graph_batch_sizes(32) == [1, 2, 4, 8, 16, 24, 32]
+    assert graph_batch_sizes(36) == [1, 2, 4, 8, 16, 24, 32, 36]
+
+
+def test_padding_a_decode_step_leaves_real_rows_and_their_cache_unchanged(tiny_model):
+    """What a CUDA-graph replay computes, run eagerly: the padded rows touch only the scratch block."""
+    rng = random.Random(1)
+    runner, cache = _runner(tiny_model, extra_blocks=1)
+    scratch = cache.num_blocks - 1
+    batch = _mixed_step(runner, rng)
+    decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)
+    ids, pos, meta, _, _ = runner.prepare(decode)
+    before_k = [t.clone() for t in cache.k]
+
+    runner.backend.plan(meta)
+    eager, _ = runner.run_model(ids, pos, meta, keep=0)
+    after_eager = [t.clone() for t in cache.k]
+    for size in (3, 4, 8):
+        pids, ppos, padded = pad_decode(ids, pos, meta, size, scratch)
+        assert padded.num_decode == size and padded.block_tables[3:] == [[scratch]] * (size - 3)
+        runner.backend.plan(padded)
+        logits, _ = runner.run_model(pids, ppos, padded, keep=0)
+        assert logits.shape[0] == size
+        torch.testing.assert_close(logits[:3], eager, rtol=1e-12, atol=1e-12)
+        not_scratch = slice(0, scratch * BS)  # (the real rows rewrite their own K, equal to rounding)
+        for a, b in zip(cache.k, after_eager):
+            torch.testing.assert_close(a[not_scratch], b[not_scratch], rtol=1e-12, atol=1e-12)
+    assert any(not torch.equal(a, b) for a, b in zip(after_eager, before_k))  # the real rows did write
+
+
+def test_attention_backend_choice_on_cpu(tiny_model):
+    spec = ModelSpec(path=tiny_model)
+    assert choose_attention_backend(spec, torch.device("cpu"), torch.float32, 64) == "torch"
+    forced = ModelSpec(path=tiny_model, attention_backend="flashinfer")
+    with pytest.raises(ModelLoadError, match="attention_backend='flashinfer'.*CUDA devices, not cpu"):
+        choose_attention_backend(forced, torch.device("cpu"), torch.bfloat16, 64)
+    with pytest.raises(ValueError, match="attention_backend"):
+        ModelSpec(path=tiny_model, attention_backend="triton")
+    with pytest.raises(ValueError, match="cuda_graph_max_batch"):
+        ModelSpec(path=tiny_model, cuda_graph_max_batch=-1)
+
+
+def test_engine_on_cpu_reports_the_torch_backend_and_no_graphs(tiny_model):
+    async def main():
+        async with Engine(models={"m": tiny_model}, policy=Single("m")) as engine:
+            await engine.generate("hello", SamplingParams(max_tokens=2, temperature=0))
+            return engine.stats()["m"]
+
+    stats = anyio.run(main)
+    assert stats.attention_backend == "torch" and stats.cuda_graph_batch_sizes == []
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_a_cuda_device_without_cuda_fails_at_start_naming_the_device(tiny_model):
+    async def main():
+        async with Engine(models={"m": ModelSpec(path=tiny_model, device="cuda:0")}, policy=Single("m")):
+            pass
+
+    with pytest.raises(ModelLoadError, match="device='cuda:0'.*no CUDA device"):
+        anyio.run(main)
+
+
+# ---- on a CUDA GPU with flashinfer ----------------------------------------------------------
+needs_gpu = pytest.mark.skipif(
+    not torch.cuda.is_available() or import_flashinfer() is None, reason="needs a CUDA GPU and flashinfer"
+)
+
+
+@pytest.fixture(scope="module")
+def gpu_pair(tmp_path_factory, tokenizer):
+    """A bfloat16 pair with head_dim 64 (a size flashinfer's kernels take)."""
+    from tokenrouter.testing import build_tiny_model
+
+    root = tmp_path_factory.mktemp("gpu")
+    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, intermediate_size=512)
+    small = build_tiny_model(root / "s", "qwen2", dtype=torch.bfloat16, seed=1, tokenizer=tokenizer, logit_scale=3.0, **shape)
+    large = build_tiny_model(
+        root / "l", "qwen2", dtype=torch.bfloat16, seed=2, tokenizer=tokenizer, logit_scale=3.0, num_hidden_layers=3, **shape
+    )  # fmt: skip
+    return {"small": small, "large": large}
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("window", [None, 5])
+def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
+    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+
+    rng = random.Random(2)
+    runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda")
+    batch = _mixed_step(runner, rng)
+    _, _, meta, _, _ = runner.prepare(batch)
+    lay = cache.layout
+    torch.manual_seed(0)
+    q = torch.randn(len(meta.slot_mapping), 4, lay.head_dim, device="cuda", dtype=torch.bfloat16)
+    k = torch.randn(len(meta.slot_mapping), lay.num_kv_heads, lay.head_dim, device="cuda", dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    bf16 = KVCache(KVLayout(lay.num_layers, lay.num_kv_heads, lay.head_dim, torch.bfloat16), cache.num_blocks, BS, "cuda")
+    reference = TorchPagedAttention(bf16).forward(0, q, k, v, meta, 0.125, window)
+    bf16.k[0].zero_()
+    bf16.v[0].zero_()
+    fi = FlashInferPagedAttention(bf16, 4, torch.device("cuda"))
+    fi.plan(meta)
+    got = fi.forward(0, q, k, v, meta, 0.125, window)
+    torch.testing.assert_close(got.float(), reference.float(), rtol=2e-2, atol=2e-2)
+    torch.testing.assert_close(bf16.k[0][meta.slot_mapping], k)  # flashinfer's append wrote the new K
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_cuda_graph_replay_equals_eager(gpu_pair):
+    """The same greedy requests with graphs on and off give the same tokens."""
+    outs = {}
+    for graphs in (0, 8):
+        spec = ModelSpec(path=gpu_pair["small"], device="cuda", cuda_graph_max_batch=graphs)
+
+        async def run(spec=spec, graphs=graphs):
+            async with Engine(models={"m": spec}, policy=Single("m")) as engine:
+                stats = engine.stats()["m"]
+                assert stats.attention_backend == "flashinfer"
+                assert stats.cuda_graph_batch_sizes == graph_batch_sizes(graphs)
+                prompts = [f"prompt {i} " * (i + 1) for i in range(6)]
+                res = await generate_all(engine, prompts, SamplingParams(max_tokens=12, temperature=0))
+                assert holds_nothing(engine)
+                return [r.token_ids for r in res]
+
+        outs[graphs] = anyio.run(run)
+    assert outs[0] == outs[8]
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_two_models_on_one_gpu_route_and_free_everything(gpu_pair):
+    specs = {name: ModelSpec(path=p, device="cuda:0", kv_cache_tokens=4096) for name, p in gpu_pair.items()}
+
+    async def main():
+        async with Engine(models=specs, policy=RStitch(tau=0.2, small="small", large="large")) as engine:
+            params = SamplingParams(max_tokens=24, temperature=0)
+            res = await generate_all(engine, [f"question {i}" for i in range(16)], params)
+            assert all(r.error is None for r in res)
+            assert {m for r in res for m in r.token_models} == {"small", "large"}
+            assert holds_nothing(engine)
+            return engine.stats()
+
+    stats = anyio.run(main)
+    assert stats["small"].attention_backend == stats["large"].attention_backend == "flashinfer"

@@ -1,0 +1,144 @@
+"""CUDA graphs of decode steps: a small model's decode step is mostly kernel launches, so each
+worker captures its model's pure-decode forward once per batch size at start and replays it.
+
+A step of n decode rows replays the smallest captured size >= n. The extra rows decode one
+token at position 0 of a scratch block, one block of the KV pool no request ever owns, so the
+real rows' attention and cache are untouched; their logits are dropped. Sizes follow SGLang's
+default: 1, 2, 4, 8, then every 8 up to the limit. Steps with prefill or extend rows, and
+decode steps larger than the limit, run eagerly.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .attention import AttentionMetadata
+
+if TYPE_CHECKING:
+    from .flashinfer_attention import FlashInferPagedAttention
+    from .model_runner import ModelRunner
+
+
+def graph_batch_sizes(max_batch: int) -> list[int]:
+    """The batch sizes to capture: 1, 2, 4, 8, 16, 24, ... up to and including max_batch."""
+    if max_batch < 1:
+        return []
+    sizes = [s for s in (1, 2, 4, 8) if s <= max_batch] + list(range(16, max_batch + 1, 8))
+    if sizes[-1] != max_batch:
+        sizes.append(max_batch)
+    return sizes
+
+
+def pad_decode(
+    input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, size: int, scratch_block: int
+) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """A pure-decode step of meta.num_decode rows padded to `size` rows that write and read only
+    the scratch block (token 0 at position 0: a context of one token)."""
+    n = meta.num_decode
+    assert n == len(meta.query_lens) and n <= size, "only pure-decode steps that fit are padded"
+    pad = size - n
+    bs = meta.block_size
+    dev = input_ids.device
+    long = dict(dtype=torch.long, device=dev)
+    width = meta.decode_block_tables.shape[1] if n else 1
+    tables = torch.full((pad, width), scratch_block, **long)
+    mask = torch.zeros(pad, width * bs, dtype=torch.bool, device=dev)
+    mask[:, 0] = True
+    if n:
+        tables = torch.cat([meta.decode_block_tables, tables])
+        mask = torch.cat([meta.decode_mask, mask])
+    zeros = torch.zeros(pad, **long)
+    padded = AttentionMetadata(
+        slot_mapping=torch.cat([meta.slot_mapping, torch.full((pad,), scratch_block * bs, **long)]),
+        num_decode=size,
+        decode_block_tables=tables,
+        decode_mask=mask,
+        decode_positions=torch.cat([meta.decode_positions, zeros]) if n else zeros,
+        prefill_rows=[],
+        prefill_slots=[],
+        query_lens=list(meta.query_lens) + [1] * pad,
+        context_lens=list(meta.context_lens) + [1] * pad,
+        block_tables=list(meta.block_tables) + [[scratch_block]] * pad,
+        block_size=bs,
+    )
+    return torch.cat([input_ids, zeros]), torch.cat([positions, zeros]), padded
+
+
+def scratch_decode(size: int, scratch_block: int, block_size: int, device: torch.device):
+    """The inputs of a decode step of `size` scratch rows only: what graphs are captured on."""
+    empty = torch.zeros(0, dtype=torch.long, device=device)
+    meta = AttentionMetadata(
+        slot_mapping=empty, num_decode=0, decode_block_tables=None, decode_mask=None, decode_positions=None,
+        prefill_rows=[], prefill_slots=[], query_lens=[], context_lens=[], block_tables=[], block_size=block_size,
+    )  # fmt: skip
+    return pad_decode(empty, empty, meta, size, scratch_block)
+
+
+class DecodeGraphs:
+    """One captured decode forward per batch size, sharing one memory pool (largest first)."""
+
+    def __init__(
+        self,
+        runner: ModelRunner,
+        backend: FlashInferPagedAttention,
+        max_batch: int,
+        scratch_block: int,
+        max_pages_per_row: int,
+    ):
+        self.runner = runner
+        self.backend = backend
+        self.sizes = graph_batch_sizes(max_batch)
+        self.scratch_block = scratch_block
+        self.max_pages_per_row = max_pages_per_row
+        self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
+        dev = runner.device
+        self.input_ids = torch.zeros(self.sizes[-1], dtype=torch.long, device=dev)
+        self.positions = torch.zeros(self.sizes[-1], dtype=torch.long, device=dev)
+
+    @property
+    def max_batch(self) -> int:
+        return self.sizes[-1]
+
+    def fits(self, num_rows: int, num_decode: int) -> bool:
+        return num_rows == num_decode and 0 < num_rows <= self.max_batch
+
+    def capture(self) -> None:
+        pool = None
+        bs, dev = self.runner.block_size, self.runner.device
+        try:
+            for size in reversed(self.sizes):
+                ids, pos, meta = scratch_decode(size, self.scratch_block, bs, dev)
+                self.input_ids[:size].copy_(ids)
+                self.positions[:size].copy_(pos)
+                self.backend.use_graph(size, self.max_pages_per_row)
+                self.backend.plan(meta)
+                static_ids, static_pos = self.input_ids[:size], self.positions[:size]
+                self.runner.run_model(static_ids, static_pos, meta, keep=0)  # warm-up; plans every layer kind
+                torch.cuda.synchronize(dev)
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    logits, hidden = self.runner.run_model(static_ids, static_pos, meta, keep=0)
+                pool = graph.pool()
+                self.graphs[size] = (graph, logits, hidden)
+        finally:
+            self.backend.use_graph(None)
+
+    def replay(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits (and hidden states, if captured) of a pure-decode step's rows."""
+        n = meta.num_decode
+        size = next(s for s in self.sizes if s >= n)
+        ids, pos, padded = pad_decode(input_ids, positions, meta, size, self.scratch_block)
+        self.input_ids[:size].copy_(ids)
+        self.positions[:size].copy_(pos)
+        graph, logits, hidden = self.graphs[size]
+        self.backend.use_graph(size, self.max_pages_per_row)
+        try:
+            self.backend.plan(padded)
+            graph.replay()
+        finally:
+            self.backend.use_graph(None)
+        return logits[:n], (hidden[:n] if hidden is not None else None)
