@@ -92,7 +92,8 @@ def main(args) -> None:
         models=paths, policy=RStitch(tau=args.tau, small="small", large="large"), workloads=[tasks],
         systems=args.systems, concurrency=args.concurrency, repeats=args.repeats, requests=args.requests,
         kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, threads_lockstep=args.threads_lockstep,
-        max_run_s=args.max_run_s,
+        max_run_s=args.max_run_s, device=args.device, dtype=args.dtype,
+        cuda_graph_max_batch=args.cuda_graph_max_batch,
     )  # fmt: skip
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
@@ -124,6 +125,10 @@ if __name__ == "__main__":
     p.add_argument("--max-run-s", type=float, default=None, help="cap each run's wall time (the table marks it)")
     p.add_argument("--json", help="write every run, the medians and the machine to this file")
     p.add_argument("--quick", action="store_true", help="tiny random pair (tau 0.2), for a smoke test")
+    p.add_argument("--device", default="cpu", help="torch device of both models (e.g. cuda:0: one GPU, a stream each)")
+    p.add_argument("--dtype", default="auto", help="compute dtype (auto: float32 on CPU, the checkpoint's on GPU)")
+    p.add_argument("--cuda-graph-max-batch", type=int, default=None,
+                   help="on CUDA: decode steps up to this size replay CUDA graphs (0: off; default: ModelSpec's)")
     a = p.parse_args()
     if a.quick:
         a.tau = 0.2 if a.tau == 0.03 else a.tau

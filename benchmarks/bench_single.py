@@ -355,7 +355,8 @@ def engine_spec(args, model_path: Path):
 
     return ModelSpec(
         path=model_path,
-        dtype="float32",
+        dtype=args.dtype,
+        device=args.device,
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=max(args.max_num_seqs, max(args.concurrency)),
@@ -382,7 +383,7 @@ async def engine_measure(args, spec, prompts, lengths, warm_prompts, c: int, pro
 
 
 # ---- (b) HF generate, static batches -------------------------------------------------------------
-def load_hf(model_path: Path):
+def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu"):
     from transformers import AutoModelForCausalLM
 
     if model_path.is_file():
@@ -390,9 +391,9 @@ def load_hf(model_path: Path):
     else:
         directory, gguf = model_path, None
     model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=gguf, dtype=torch.float32, attn_implementation="sdpa", local_files_only=True
+        directory, gguf_file=gguf, dtype=getattr(torch, dtype), attn_implementation="sdpa", local_files_only=True
     )
-    return model.eval()
+    return model.to(device).eval()
 
 
 def load_tokenizer(model_path: Path):
@@ -431,6 +432,7 @@ def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens) -
         )
         tb = time.perf_counter()
         with torch.inference_mode():
+            ids, mask = ids.to(model.device), mask.to(model.device)
             out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
         dt = time.perf_counter() - tb
         for j in range(len(batch)):
@@ -628,7 +630,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="~2 min smoke run: 16 prompts <= 64 tokens, 16 new, 1 repeat")
     p.add_argument("--profile", type=Path, default=None, help="dir: py-spy the first measured engine run per C")
     p.add_argument("--json", type=Path, default=None, help="write all raw numbers here")
+    p.add_argument("--device", default="cpu", help="torch device of every system's model (e.g. cuda:0)")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="every system's compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
     args = p.parse_args(argv)
+    if args.dtype is None:
+        args.dtype = "float32" if torch.device(args.device).type == "cpu" else "bfloat16"
     if args.quick:
         args.num_prompts, args.max_tokens, args.repeats, args.warmup_prompts = 16, 16, 1, 2
         args.max_prompt_tokens = min(args.max_prompt_tokens, 64)
@@ -675,7 +682,8 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, dict] = {name: {} for name in SYSTEMS if name in args.systems}
     timings: dict[str, float] = dict.fromkeys(results, 0.0)
     t = time.perf_counter()
-    model = in_fresh_thread(load_hf, model_path)  # for hf_generate, hf_cb and the batch-1 token check
+    # for hf_generate, hf_cb and the batch-1 token check
+    model = in_fresh_thread(load_hf, model_path, args.dtype, args.device)
     log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
     spec = engine_spec(args, model_path) if "engine" in args.systems else None
     # Interleaved: for each concurrency and repeat, every system runs once, so a burst of load from

@@ -65,6 +65,7 @@ class BenchConfig:
     seed: int = 0
     device: str = "cpu"
     dtype: str = "auto"
+    cuda_graph_max_batch: int | None = None  # None: ModelSpec's default; 0: every GPU step eager
     warmup_tokens: int = 8
 
     def sessions(self, concurrency: int) -> int:
@@ -240,6 +241,7 @@ async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> En
             enable_prefix_caching=s.prefix_caching,
             device=cfg.device,
             dtype=cfg.dtype,
+            **({} if cfg.cuda_graph_max_batch is None else {"cuda_graph_max_batch": cfg.cuda_graph_max_batch}),
         )
         for m in cfg.policy.models
     }
@@ -415,6 +417,7 @@ async def run_bench(
         "min_requests": cfg.min_requests, "kv_cache_tokens": kv, "threads": cfg.threads,
         "threads_lockstep": cfg.threads_lockstep, "max_run_s": cfg.max_run_s, "reuse_engines": cfg.reuse_engines,
         "seed": cfg.seed, "device": cfg.device, "dtype": cfg.dtype, "warmup_tokens": cfg.warmup_tokens,
+        "cuda_graph_max_batch": cfg.cuda_graph_max_batch,
     }  # fmt: skip
     return BenchResult(
         command=command, models={m: str(cfg.models[m]) for m in cfg.policy.models}, policy=repr(cfg.policy),
