@@ -104,6 +104,7 @@ class DecodeGraphs:
     def fits(self, num_rows: int, num_decode: int) -> bool:
         return num_rows == num_decode and 0 < num_rows <= self.max_batch
 
+    @torch.inference_mode()  # else every captured forward would record autograd and keep its activations
     def capture(self) -> None:
         pool = None
         bs, dev = self.runner.block_size, self.runner.device
@@ -128,7 +129,8 @@ class DecodeGraphs:
     def replay(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits (and hidden states, if captured) of a pure-decode step's rows."""
+        """Logits (and hidden states, if captured) of a pure-decode step's rows: copies, since the
+        graphs' outputs share one memory pool that the next replay of any size overwrites."""
         n = meta.num_decode
         size = next(s for s in self.sizes if s >= n)
         ids, pos, padded = pad_decode(input_ids, positions, meta, size, self.scratch_block)
@@ -141,4 +143,4 @@ class DecodeGraphs:
             graph.replay()
         finally:
             self.backend.use_graph(None)
-        return logits[:n], (hidden[:n] if hidden is not None else None)
+        return logits[:n].clone(), (hidden[:n].clone() if hidden is not None else None)

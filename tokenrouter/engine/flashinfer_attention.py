@@ -82,7 +82,7 @@ class FlashInferPagedAttention(AttentionBackend):
         self.page_size = cache.block_size
         pages = (cache.num_blocks, cache.block_size, layout.num_kv_heads, layout.head_dim)
         self.kv = [(k.view(pages), v.view(pages)) for k, v in zip(cache.k, cache.v)]  # NHD pages
-        self.workspace = torch.empty(WORKSPACE_BYTES, dtype=torch.uint8, device=device)
+        self.workspace = torch.zeros(WORKSPACE_BYTES, dtype=torch.uint8, device=device)  # flashinfer: zero at first use
         # flashinfer's advice (as SGLang follows): the prefill kernel serves decode better for wide GQA groups
         self.decode_tensor_cores = num_qo_heads // layout.num_kv_heads >= 4
         self.keys: list[PlanKey] = []  # every (window, scale) a layer has asked for
@@ -97,6 +97,8 @@ class FlashInferPagedAttention(AttentionBackend):
 
     # ---- planning ------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:
+        # flashinfer's plan() rewrites a pinned host buffer that the previous plan's async copy may
+        # still read; ModelRunner.prepare's blocking host-to-device copies order the stream first.
         self._host = PagedLayout.from_metadata(meta)
         self._num_decode = meta.num_decode
         self._planned = set()

@@ -198,10 +198,7 @@ class Worker:
                 backend = TorchPagedAttention(self.cache)
             self.runner = ModelRunner(loaded, backend, spec.block_size, capture, compute)
             if graph_batch:
-                pages = -(-loaded.max_model_len // spec.block_size)
-                self.runner.graphs = DecodeGraphs(self.runner, backend, graph_batch, num_blocks, pages)
-                self.runner.graphs.capture()
-                self.cuda_graph_sizes = list(self.runner.graphs.sizes)
+                self._capture_graphs(backend, graph_batch, num_blocks, loaded.max_model_len)
             self.sampler = Sampler()
             self.loaded = loaded
         except BaseException as e:
@@ -210,6 +207,19 @@ class Worker:
                 self._closed = True
         finally:
             self._ready.set()
+
+    def _capture_graphs(self, backend, max_batch: int, scratch_block: int, max_model_len: int) -> None:
+        """CUDA graphs of decode steps; a model whose forward cannot be captured (a host sync in
+        it, as in dynamic RoPE scaling) runs every step eagerly instead, with a warning."""
+        pages = -(-max_model_len // self.spec.block_size)
+        graphs = DecodeGraphs(self.runner, backend, max_batch, scratch_block, pages)
+        try:
+            graphs.capture()
+        except Exception as e:
+            log.warning("model %r: CUDA graph capture failed, decode steps run eagerly: %s", self.name, e)
+            return
+        self.runner.graphs = graphs
+        self.cuda_graph_sizes = list(graphs.sizes)
 
     def wait_ready(self) -> LoadedModel:
         """Block until setup() is done; re-raise its error (missing weights, bad budget, ...)."""
