@@ -52,7 +52,7 @@ def test_every_help_is_complete(command, capsys):
     expected = {
         (): ["generate", "chat", "pull", "models", "label", "train-router", "--version"],
         ("generate",): ["prompt", "--json", "--raw", "--policy", "--tau", "--model NAME=PATH", "--max-tokens",
-                        "--temperature", "--seed", "--threads", "--no-color", "--no-pull", "--router DIR", "--threshold",
+                        "--temperature", "--seed", "--threads", "--device", "--no-color", "--no-pull", "--router DIR", "--threshold",
                         "--taus", "citer", "r2r", "collm", "escalation"],
         ("chat",): ["/reset", "--policy", "--tau", "--model NAME=PATH", "--max-tokens", "--temperature", "--seed"],
         ("pull",): ["demo", "smollm2", "qwen-coder-1.5b", "sha256"],
@@ -81,6 +81,7 @@ def test_every_help_is_complete(command, capsys):
         (["generate", "hi", "--model", "small=/no/such/dir"], "--model small=/no/such/dir: no such file or directory"),
         (["generate", "hi", "--policy", "single"], "--policy single needs exactly one --model"),
         (["generate", "   "], "prompt: is empty"),
+        (["generate", "hi", "--device", "nonsense"], "--device: not a torch device: 'nonsense'"),
         (["pull", "gpt-17"], "unknown model 'gpt-17'"),
     ],
 )
@@ -200,3 +201,10 @@ def test_chat_keeps_the_conversation_until_reset(capsys, tiny_pair, monkeypatch)
     assert len(answers) == 3 and rest == ""
     assert answers[0] == answers[2]  # after /reset, the same first turn gets the same (greedy) answer
     assert "conversation forgotten" in err
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_a_cuda_device_without_cuda_is_a_usage_error(capsys, empty_store):
+    code, out, err = run_cli(["generate", "hi", "--device", "cuda:0"], capsys)
+    assert code == 2 and out == ""
+    assert "--device cuda:0: CUDA is not available here" in err and err.count("\n") == 1

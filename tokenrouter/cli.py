@@ -143,6 +143,11 @@ def _add_engine_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--kv-cache-tokens", type=_positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
     )
+    g.add_argument(
+        "--device", default=None,
+        help="torch device of every model, e.g. cuda:0 (default: cuda if available, else cpu); on one GPU each "
+        "model's worker runs on its own CUDA stream",
+    )  # fmt: skip
     s = p.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=_positive_int, default=256, help="most tokens to generate (default 256)")
     s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -459,10 +464,29 @@ def _model_paths(args, policy) -> dict[str, Path]:
     return {m: _model_path(m, w, not args.no_pull) for m, w in where.items()}
 
 
+def _device(arg: str | None) -> str:
+    """--device checked: a torch device this machine has; None means cuda if available, else cpu."""
+    import torch
+
+    if arg is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(arg)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device: not a torch device: {arg!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {arg}: CUDA is not available here")
+    return arg
+
+
 def _models(args, policy) -> dict:
     from .config import ModelSpec
 
-    return {m: ModelSpec(path=p, kv_cache_tokens=args.kv_cache_tokens) for m, p in _model_paths(args, policy).items()}
+    device = _device(args.device)
+    return {
+        m: ModelSpec(path=p, kv_cache_tokens=args.kv_cache_tokens, device=device)
+        for m, p in _model_paths(args, policy).items()
+    }
 
 
 def _sampling(args):
@@ -725,14 +749,8 @@ def _bench_config(args):
     from .bench.workloads import BUILT_IN, read_prompts, workload
     from .errors import ConfigError
 
-    if args.device is None:
-        args.device = "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(args.device)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device: not a torch device: {args.device!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {args.device}: CUDA is not available here")
+    args.device = _device(args.device)
+    device = torch.device(args.device)
     size = "tiny" if args.quick and args.size is None else args.size or ("gpu" if device.type == "cuda" else "cpu")
     names = list(dict.fromkeys(args.workload or ([] if args.prompts else BUILT_IN)))
     for flag, value in (("--history-tokens", args.history_tokens), ("--turns", args.turns)):
