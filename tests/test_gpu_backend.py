@@ -50,7 +50,8 @@ class _Pool:
 
 
 def _runner(path, dtype=torch.float64, device="cpu", blocks=64, extra_blocks=0):
-    loaded = load_model("m", ModelSpec(path=path, dtype="float64" if dtype == torch.float64 else "float32", device=device))
+    name = "float64" if dtype == torch.float64 else "float32"
+    loaded = load_model("m", ModelSpec(path=path, dtype=name, device=device))
     layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
     cache = KVCache(layout, blocks + extra_blocks, BS, loaded.device)
     return ModelRunner(loaded, TorchPagedAttention(cache), BS), cache
@@ -107,7 +108,8 @@ def test_paged_layout_describes_the_torch_backends_attention(tiny_model, window)
     layout = PagedLayout.from_metadata(meta)
     assert torch.equal(layout.slots(), meta.slot_mapping)
     assert layout.qo_indptr.tolist() == [0, 1, 2, 3, 6, 11, 13]
-    assert layout.positions.tolist() == torch.cat([torch.arange(s.num_computed, len(s.token_ids)) for s in batch.seqs]).tolist()
+    new_positions = [list(range(s.num_computed, len(s.token_ids))) for s in batch.seqs]
+    assert layout.positions.tolist() == sum(new_positions, [])
 
     lay = cache.layout
     torch.manual_seed(0)
@@ -198,6 +200,157 @@ def test_a_cuda_device_without_cuda_fails_at_start_naming_the_device(tiny_model)
         anyio.run(main)
 
 
+# ---- the flashinfer backend's own logic, on CPU ----------------------------------------------
+class _FlashInferSemantics:
+    """flashinfer's documented semantics in plain torch, one row at a time: what its wrappers and
+    page append compute, not how. It stands in for the library where its kernels cannot run, so
+    that the backend's own logic (planning once per step and per layer kind, splitting decode
+    from prefill rows, the graph buffers a replay reads) is checked on CPU. The kernels
+    themselves are checked against the torch backend by the `gpu` tests below."""
+
+    @staticmethod
+    def _rows(q, kv, qo_indptr, indptr, indices, last, page, window_left, scale, out):
+        k_pages, v_pages = kv
+        out = torch.empty_like(q) if out is None else out
+        for r in range(len(last)):
+            q0, q1 = int(qo_indptr[r]), int(qo_indptr[r + 1])
+            pages = indices[int(indptr[r]) : int(indptr[r + 1])].long()
+            ctx = (len(pages) - 1) * page + int(last[r])
+            kr = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:ctx]
+            vr = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:ctx]
+            group = q.shape[1] // kr.shape[1]
+            kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
+            scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scale
+            q_pos = torch.arange(ctx - (q1 - q0), ctx)[:, None]
+            k_pos = torch.arange(ctx)[None, :]
+            allowed = (k_pos <= q_pos) & ((k_pos >= q_pos - window_left) if window_left >= 0 else True)
+            scores = scores.masked_fill(~allowed, float("-inf"))
+            out[q0:q1] = torch.einsum("htc,chd->thd", scores.softmax(-1), vr)
+        return out
+
+    class BatchDecodeWithPagedKVCacheWrapper:
+        def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
+                     paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+            assert layout == "NHD" and workspace.dtype == torch.uint8
+            self.graph = use_cuda_graph
+            self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
+            if use_cuda_graph:
+                assert all(b is not None for b in self.bufs)
+
+        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
+                 window_left=-1, sm_scale=None, q_data_type=None, kv_data_type=None):
+            assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
+            if self.graph:  # fixed batch size; the step's pages are copied into the fixed buffers
+                indptr_buf, indices_buf, last_buf = self.bufs
+                assert len(last_page_len) == len(last_buf), "a graph wrapper plans its own batch size only"
+                indptr_buf.copy_(indptr)
+                indices_buf[: len(indices)].copy_(indices)
+                last_buf.copy_(last_page_len)
+                self.plan_ = (None, None, None)
+            else:
+                self.plan_ = (indptr.clone(), indices.clone(), last_page_len.clone())
+            self.args = (page_size, window_left, sm_scale or head_dim**-0.5)
+
+        def run(self, q, kv, out=None):
+            indptr, indices, last = self.bufs if self.graph else self.plan_
+            n = len(last)
+            page, window, scale = self.args
+            assert q.shape[0] == n
+            qo_indptr = torch.arange(n + 1)
+            return _FlashInferSemantics._rows(q, kv, qo_indptr, indptr, indices, last, page, window, scale, out)
+
+    class BatchPrefillWithPagedKVCacheWrapper:
+        def __init__(self, workspace, layout):
+            assert layout == "NHD"
+
+        def plan(self, qo_indptr, kv_indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
+                 *, causal=False, window_left=-1, sm_scale=None, q_data_type=None, kv_data_type=None):
+            assert causal
+            self.plan_ = (qo_indptr.clone(), kv_indptr.clone(), indices.clone(), last_page_len.clone())
+            self.args = (page_size, window_left, sm_scale or head_dim**-0.5)
+
+        def run(self, q, kv, out=None):
+            qo_indptr, indptr, indices, last = self.plan_
+            assert q.shape[0] == int(qo_indptr[-1])
+            return _FlashInferSemantics._rows(q, kv, qo_indptr, indptr, indices, last, *self.args, out)
+
+    @staticmethod
+    def append_paged_kv_cache(k, v, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len, layout):
+        k_pages, v_pages = kv
+        page = k_pages.shape[1]
+        for t in range(k.shape[0]):
+            b, pos = int(batch_indices[t]), int(positions[t])
+            assert pos < (int(kv_indptr[b + 1]) - int(kv_indptr[b]) - 1) * page + int(kv_last_page_len[b])
+            block = int(kv_indices[int(kv_indptr[b]) + pos // page])
+            k_pages[block, pos % page] = k[t]
+            v_pages[block, pos % page] = v[t]
+
+
+@pytest.fixture
+def flashinfer_semantics(monkeypatch):
+    from tokenrouter.engine import flashinfer_attention
+
+    monkeypatch.setattr(flashinfer_attention, "import_flashinfer", lambda: _FlashInferSemantics)
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfer_semantics, window):
+    """A mixed step through the flashinfer backend, two layer kinds planned lazily, equals the torch backend."""
+    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+
+    runner, cache = _runner(tiny_model)
+    batch = _mixed_step(runner, random.Random(4))
+    _, _, meta, _, _ = runner.prepare(batch)
+    lay = cache.layout
+    torch.manual_seed(1)
+    heads = lay.num_kv_heads * 2
+    ntok = len(meta.slot_mapping)
+    fi_cache = KVCache(lay, cache.num_blocks, BS, "cpu")
+    for dst, src in zip(fi_cache.k + fi_cache.v, cache.k + cache.v):
+        dst.copy_(src)
+    fi = FlashInferPagedAttention(fi_cache, heads, torch.device("cpu"))
+    fi.plan(meta)
+    for layer in range(lay.num_layers):
+        q = torch.randn(ntok, heads, lay.head_dim, dtype=torch.float64)
+        k = torch.randn(ntok, lay.num_kv_heads, lay.head_dim, dtype=torch.float64)
+        v = torch.randn_like(k)
+        w = window if layer == 0 else None  # a second layer kind, planned when first seen
+        expected = TorchPagedAttention(cache).forward(layer, q, k, v, meta, 0.3, w)
+        got = fi.forward(layer, q.transpose(0, 1).contiguous().transpose(0, 1), k, v, meta, 0.3, w)
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-10)
+        torch.testing.assert_close(fi_cache.k[layer], cache.k[layer], rtol=0, atol=0)
+    assert set(fi.keys) == {(window - 1 if window else -1, 0.3), (-1, 0.3)}
+
+
+def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_model, flashinfer_semantics):
+    """What a replay does, minus the capture: plan a padded decode step into a graph size's fixed
+    buffers, then run; the real rows equal an eager step, whatever the buffers held before."""
+    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+
+    runner, cache = _runner(tiny_model, extra_blocks=1)
+    scratch = cache.num_blocks - 1
+    batch = _mixed_step(runner, random.Random(5))
+    eager = FlashInferPagedAttention(cache, 4, torch.device("cpu"))
+    runner.backend = eager
+    decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)
+    ids, pos, meta, _, _ = runner.prepare(decode)
+    eager.plan(meta)
+    expected, _ = runner.run_model(ids, pos, meta, keep=0)
+    graphed = FlashInferPagedAttention(cache, 4, torch.device("cpu"))
+    runner.backend = graphed
+    for size in (8, 4):
+        pids, ppos, padded = pad_decode(ids, pos, meta, size, scratch)
+        graphed.use_graph(size, max_pages_per_row=16)
+        graphed.plan(padded)
+        got, _ = runner.run_model(pids, ppos, padded, keep=0)
+        graphed.use_graph(None)
+        torch.testing.assert_close(got[:3], expected, rtol=1e-10, atol=1e-10)
+    assert sorted(graphed.graph_buffers) == [4, 8] and graphed.graph is None
+    with pytest.raises(AssertionError, match="pure-decode steps of its size"):
+        graphed.use_graph(8, max_pages_per_row=16)
+        graphed.plan(meta)  # 3 rows are not a graph of 8
+
+
 # ---- on a CUDA GPU with flashinfer ----------------------------------------------------------
 needs_gpu = pytest.mark.skipif(
     not torch.cuda.is_available() or import_flashinfer() is None, reason="needs a CUDA GPU and flashinfer"
@@ -211,10 +364,9 @@ def gpu_pair(tmp_path_factory, tokenizer):
 
     root = tmp_path_factory.mktemp("gpu")
     shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, intermediate_size=512)
-    small = build_tiny_model(root / "s", "qwen2", dtype=torch.bfloat16, seed=1, tokenizer=tokenizer, logit_scale=3.0, **shape)
-    large = build_tiny_model(
-        root / "l", "qwen2", dtype=torch.bfloat16, seed=2, tokenizer=tokenizer, logit_scale=3.0, num_hidden_layers=3, **shape
-    )  # fmt: skip
+    common = dict(dtype=torch.bfloat16, tokenizer=tokenizer, logit_scale=3.0, **shape)
+    small = build_tiny_model(root / "s", "qwen2", seed=1, **common)
+    large = build_tiny_model(root / "l", "qwen2", seed=2, num_hidden_layers=3, **common)
     return {"small": small, "large": large}
 
 
@@ -233,7 +385,8 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
     q = torch.randn(len(meta.slot_mapping), 4, lay.head_dim, device="cuda", dtype=torch.bfloat16)
     k = torch.randn(len(meta.slot_mapping), lay.num_kv_heads, lay.head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
-    bf16 = KVCache(KVLayout(lay.num_layers, lay.num_kv_heads, lay.head_dim, torch.bfloat16), cache.num_blocks, BS, "cuda")
+    bf16_layout = KVLayout(lay.num_layers, lay.num_kv_heads, lay.head_dim, torch.bfloat16)
+    bf16 = KVCache(bf16_layout, cache.num_blocks, BS, "cuda")
     reference = TorchPagedAttention(bf16).forward(0, q, k, v, meta, 0.125, window)
     bf16.k[0].zero_()
     bf16.v[0].zero_()
