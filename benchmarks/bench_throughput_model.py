@@ -78,6 +78,7 @@ async def main(args) -> dict:
                 "routing": {m: vars(r) for m, r in pred.routing.items()},
                 "latency": {m: vars(lat) for m, lat in pred.latency.items()},
                 "shared_device": pred.shared_device,
+                "turns": pred.turns,
                 "note": pred.note,
             }
             print(f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True)
@@ -97,7 +98,7 @@ async def main(args) -> dict:
         if auto.tokens_per_s:
             predicted = predict(
                 auto.latency, auto.routing, auto.concurrency, batch_min={m: b for m in policy.models},
-                batch_wait_s=auto.batch_wait_s, shared_device=auto.shared_device,
+                batch_wait_s=auto.batch_wait_s, shared_device=auto.shared_device, turns=auto.turns,
             ).tokens_per_s  # fmt: skip
         results["sweep"][b] = {
             "measured_tokens_per_s": statistics.median(measured[b]),

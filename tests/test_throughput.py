@@ -119,6 +119,61 @@ def test_always_handing_off_alternates_every_step(lat):
     assert math.isclose(pred.tokens_per_s, (k_s + 1.0) / (t_s + t_l), rel_tol=1e-6)
 
 
+# ---- the turn-taking chain (two workers on one CPU) -------------------------------------------
+@pytest.mark.parametrize("h_l", [0.0, 0.4])
+def test_turns_no_hand_offs_keep_everyone_on_the_small_model(h_l):
+    C, k_s = 10, 0.8
+    pred = predict(LAT, _rt(0.0, h_l, k_s=k_s, u_s=5.0), C, {"small": 4, "large": 4}, turns=True)
+    assert pred.turns
+    assert math.isclose(pred.tokens_per_s, C * k_s / SMALL(C, 0), rel_tol=1e-6)
+    assert math.isclose(pred.mean_requests["small"], C, rel_tol=1e-6)
+
+
+@pytest.mark.parametrize("C", [1, 7])
+def test_turns_always_handing_off_serves_everyone_on_both_models_each_cycle(C):
+    """h = 1 on both (p = 1): each step sends its whole batch to the other model, which takes it in
+    its very next step, so a cycle is one step of each on all C: X = C (k_S + k_L) / (T_S + T_L)."""
+    k_s, u_s, u_l = 0.6, 3.0, 5.0
+    pred = predict(LAT, _rt(1.0, 1.0, k_s=k_s, u_s=u_s, u_l=u_l), C, turns=True)
+    t_s = float(SMALL.expected(C, 1.0, u_s))
+    t_l = float(LARGE.expected(C, 1.0, u_l))
+    assert math.isclose(pred.tokens_per_s, C * (k_s + 1.0) / (t_s + t_l), rel_tol=1e-6)
+    assert math.isclose(pred.mean_requests["small"], C * t_s / (t_s + t_l), rel_tol=1e-6)
+
+
+def test_turns_one_request_matches_the_hand_solution():
+    """C = 1: the other worker has nothing, so turns change nothing: the same hand solution as
+    the chain of overlapping steps (geometric sojourns on each model)."""
+    h_s, h_l, k_s, u_s, u_l = 0.2, 0.5, 0.7, 6.0, 3.0
+    pred = predict(LAT, _rt(h_s, h_l, k_s=k_s, u_s=u_s, u_l=u_l), 1, turns=True)
+    t_s = SMALL(1, h_s * u_s)
+    t_l = LARGE(1, h_l * u_l)
+    pi_small = (h_l / t_l) / (h_s / t_s + h_l / t_l)
+    assert math.isclose(pred.mean_requests["small"], pi_small, rel_tol=1e-9)
+    assert math.isclose(pred.tokens_per_s, pi_small * k_s / t_s + (1 - pi_small) / t_l, rel_tol=1e-9)
+
+
+def test_turns_serve_a_hand_off_in_the_next_step_so_they_beat_overlapping_steps_on_one_device():
+    """Both chains on the same inputs: with turns a request handed off is in the other's very next
+    step; with overlapping steps on a shared device (sigma = 1) it waits for a step to finish."""
+    rt = _rt(0.5, 0.4, k_s=0.5, u_s=2.0, u_l=9.0)
+    turns = predict(LAT, rt, 16, turns=True).tokens_per_s
+    shared = predict(LAT, rt, 16, shared_device=1.0).tokens_per_s
+    assert turns > shared
+
+
+def test_turns_a_hold_with_nothing_to_wait_for_runs_out():
+    """h = 1 on both and B above C: every step finds the other model empty, so nothing can arrive
+    and each worker waits out batch_wait_s before it steps: X = C (k_S + k_L) / (T_S + T_L + 2 w)."""
+    C, w = 5, 0.02
+    rt = _rt(1.0, 1.0)
+    pred = predict(LAT, rt, C, {"small": 9, "large": 9}, batch_wait_s=w, turns=True)
+    t_s, t_l = float(SMALL.expected(C, 1.0, 0.0)), float(LARGE.expected(C, 1.0, 0.0))
+    assert math.isclose(pred.tokens_per_s, 2 * C / (t_s + t_l + 2 * w), rel_tol=1e-6)
+    choice = choose_b(LAT, _rt(0.3, 0.6, 0.8, 1.0, 2.0, 6.0), 12, turns=True)
+    assert choice.turns and choice.tokens_per_s >= choice.baseline_tokens_per_s
+
+
 def test_table_latency_reads_the_profile():
     # repeated token counts are averaged; a dip (8 tokens cheaper than 4) is pooled away
     t = TableLatency.from_points([(1, 0.1), (4, 0.3), (4, 0.5), (8, 0.2), (16, 0.6)])

@@ -38,6 +38,20 @@ Why sigma matters: with workers on their own devices (sigma = 0) a worker that h
 loses time in this model, so B = 1 wins; what a hold buys is device time for the other model's
 steps and fewer, fuller steps of the holding one, which pays when the two share a device.
 
+Taking turns (`turns=True`; the engine's default for two models on one CPU, engine/core_share.py).
+The workers step one after the other, so a request handed off in a step is in the other
+model's very next step: within one cycle both models can serve it, which the chain above (steps
+overlapping in time) does not let happen. The turn-taking chain is over the steps themselves:
+state (n, m, held), a step of model m with n requests on model 0, where `held` says whether
+the other worker has already held back once since its last step. At its turn, a worker with
+n_m requests
+    passes the turn on        if n_m = 0, or if 1 <= n_m < B_m, it has not held since its last
+                              step and the other has requests: the hold lasts the other's step
+                              (batch_wait_s is shorter than a step here), and it steps next time;
+    waits w, then steps       if n_m < B_m and the other has none (nothing can arrive);
+    steps                     otherwise: time L_m, b_m k_m tokens, X ~ Bin(b_m, h_m) leave.
+Tokens/s is E_pi[tokens of a step] / E_pi[time of a step] (renewal-reward).
+
 Approximations: steps are geometric (memoryless) rather than fixed-length; arrivals during a hold
 are Poisson at the rate the other model's un-held steps would send them; catch-up tokens use the
 mean suffix length; requests that finish are assumed replaced at once on the entry model (the
@@ -186,6 +200,7 @@ class ThroughputPrediction:
     latency: dict[str, StepLatency] = field(default_factory=dict)
     batch_wait_s: float = 0.0
     shared_device: float = 0.0  # sigma
+    turns: bool = False  # the workers take turns on one device: the turn-taking chain
     mean_requests: dict[str, float] = field(default_factory=dict)  # E[requests on each model]
     step_s: dict[str, float] = field(default_factory=dict)  # mean step period, weighted by steps
     distribution: tuple[float, ...] = ()  # pi(n), n = requests on the first model
@@ -249,6 +264,20 @@ def expected_wait(need, rate, wait_s: float) -> np.ndarray:
     return np.where(need > 0, np.minimum(w, wait_s), 0.0)
 
 
+def stationary_of_reachable(P: np.ndarray) -> np.ndarray:
+    """Stationary distribution of the states reachable from state 0, which may include transient
+    ones (they get 0): GTH when the chain is irreducible, else least squares."""
+    try:
+        return stationary(P)
+    except ValueError:
+        n = P.shape[0]
+        A = np.vstack([P.T - np.eye(n), np.ones((1, n))])
+        rhs = np.zeros(n + 1)
+        rhs[-1] = 1.0
+        pi = np.clip(np.linalg.lstsq(A, rhs, rcond=None)[0], 0.0, None)
+        return pi / pi.sum()
+
+
 def stationary(P: np.ndarray) -> np.ndarray:
     """Stationary distribution of an irreducible stochastic matrix (GTH: no subtractions, stable)."""
     A = np.array(P, dtype=float, copy=True)
@@ -269,8 +298,9 @@ def stationary(P: np.ndarray) -> np.ndarray:
 class _Pair:
     """The chain for two models at one concurrency: everything that does not depend on B."""
 
-    def __init__(self, names, latency, routing, concurrency, batch_wait_s, max_batch, sigma):
+    def __init__(self, names, latency, routing, concurrency, batch_wait_s, max_batch, sigma, turns=False):
         self.names = names
+        self.turns = turns
         self.C = C = concurrency
         self.wait_s = batch_wait_s
         self.sigma = sigma
@@ -292,7 +322,7 @@ class _Pair:
             with np.errstate(invalid="ignore", divide="ignore"):
                 self.rate.append(np.where(self.b[o] > 0, self.b[o] * self.rt[o].h / self.L[o], 0.0))
         self.both_stay = self.rt[0].h == 0 and self.rt[1].h == 0
-        h = [min(max(rt.h, _EPS_H), 1 - _EPS_H) for rt in self.rt]
+        self.h = h = [min(max(rt.h, _EPS_H), 1 - _EPS_H) for rt in self.rt]
         # departure matrices: a step of model 0 moves X ~ Bin(b_0, h_0) from 0 to 1 (n -> n - X);
         # a step of model 1 moves Y ~ Bin(b_1, h_1) the other way (n -> n + Y); both: n - X + Y.
         D0 = np.zeros((C + 1, C + 1))
@@ -306,6 +336,7 @@ class _Pair:
             D01[s, s - b0 : s + b1 + 1] = np.convolve(px[::-1], py)
         self.D = (D0, D1, D01)
         self._waits: dict[tuple[int, int], np.ndarray] = {}
+        self._pmfs: dict[tuple[int, int], np.ndarray] = {}
 
     def wait(self, i: int, B: int) -> np.ndarray:
         key = (i, B)
@@ -337,6 +368,8 @@ class _Pair:
 
     def evaluate(self, B: Sequence[int]) -> tuple[float, np.ndarray, list[np.ndarray]]:
         """(tokens/s, pi, T) for B = (B_0, B_1)."""
+        if self.turns:
+            return self.evaluate_turns(B)
         T, _ = self.periods(B)
         finite = np.concatenate([t[np.isfinite(t)] for t in T])
         slot = SLOT_FRACTION * float(finite.min())
@@ -344,6 +377,78 @@ class _Pair:
         pi = self.chain_stationary(p)
         rate = [np.where(self.b[i] > 0, self.b[i] * self.rt[i].k / T[i], 0.0) for i in range(2)]
         return float(pi @ (rate[0] + rate[1])), pi, T
+
+    def _leaving(self, m: int, b: int) -> np.ndarray:
+        """P(x of b requests leave model m after its step), cached: every B re-reads them."""
+        key = (m, b)
+        if key not in self._pmfs:
+            self._pmfs[key] = binomial_pmf(b, self.h[m])
+        return self._pmfs[key]
+
+    def _next_step(self, n: int, m: int, held_m: int, held_o: int, B: Sequence[int]) -> tuple[int, int, int]:
+        """The step that follows when worker m gets the turn with n requests on model 0:
+        (n, stepping model, the other's held flag), after at most two passes of the turn."""
+        for _ in range(3):
+            o = 1 - m
+            mine, theirs = int(self.n[m][n]), int(self.n[o][n])
+            if mine > 0 and not (mine < B[m] and not held_m and theirs > 0):
+                return n, m, held_o
+            m, held_m, held_o = o, held_o, int(mine > 0)  # m passes: held if it had requests
+        raise AssertionError("a turn always reaches a step")  # C >= 1: someone has requests
+
+    def evaluate_turns(self, B: Sequence[int]) -> tuple[float, np.ndarray, list[np.ndarray]]:
+        """(tokens/s, pi over n (time-weighted), T) when the workers take turns (module docstring)."""
+        C, S = self.C, self.C + 1
+        if self.both_stay:  # nobody ever moves: everyone stays on model 0, stepping alone
+            wait = self.wait_s if C < B[0] else 0.0
+            pi_n = np.zeros(S)
+            pi_n[C] = 1.0
+            period = wait + float(self.L[0][C])
+            return int(self.b[0][C]) * self.rt[0].k / period, pi_n, [np.full(S, period), np.full(S, np.inf)]
+        N = 4 * S  # step (n, m, held) is row (2 m + held) S + n
+
+        def rows(triples) -> np.ndarray:
+            return np.array([(2 * m + held) * S + n for n, m, held in triples])
+
+        # where the turn goes after a step of m that leaves n on model 0: the same for every step
+        after = {
+            (m, held): rows(self._next_step(n, 1 - m, held, 0, B) for n in range(S)) for m in (0, 1) for held in (0, 1)
+        }
+        P = np.zeros((N, N))
+        t, k = np.zeros(N), np.zeros(N)
+        for m in (0, 1):
+            sign = -1 if m == 0 else 1  # n counts the requests on model 0
+            for n in range(S):
+                b = int(self.b[m][n])
+                if b == 0:
+                    continue
+                wait = self.wait_s if int(self.n[m][n]) < B[m] and int(self.n[1 - m][n]) == 0 else 0.0
+                pmf = self._leaving(m, b)
+                for held in (0, 1):
+                    i = (2 * m + held) * S + n
+                    t[i], k[i] = wait + float(self.L[m][n]), b * self.rt[m].k
+                    np.add.at(P[i], after[(m, held)][n + sign * np.arange(b + 1)], pmf)
+        start = int(rows([self._next_step(C, 0, 0, 0, B)])[0])
+        seen = np.zeros(N, dtype=bool)
+        seen[start] = True
+        todo = [start]
+        while todo:  # the states reachable from all requests on model 0: the chain's closed class
+            for j in np.flatnonzero(P[todo.pop()] > 0):
+                if not seen[j]:
+                    seen[j] = True
+                    todo.append(int(j))
+        live = np.flatnonzero(seen)
+        pi = np.zeros(N)
+        pi[live] = stationary_of_reachable(P[np.ix_(live, live)])
+        total = float(pi @ t)
+        X = float(pi @ k) / total
+        pi_n = (pi * t / total).reshape(4, S).sum(axis=0)  # share of time with n on model 0
+        T = []
+        for m in range(2):
+            share = float(pi[2 * m * S : (2 * m + 2) * S].sum())
+            period = total / share if share > 0 else math.inf
+            T.append(np.where(self.b[m] > 0, period, np.inf))
+        return X, pi_n, T
 
     def matrix(self, p: list[np.ndarray]) -> np.ndarray:
         q0, q1 = 1 - p[0], 1 - p[1]
@@ -369,7 +474,8 @@ def transition_matrix(
     max_batch: Mapping[str, int] | None = None,
     shared_device: float = 0.0,
 ) -> np.ndarray:
-    """The (C+1) x (C+1) one-slot transition matrix; state n = requests on the first model."""
+    """The (C+1) x (C+1) one-slot transition matrix of the chain of overlapping steps (not the
+    turn-taking one); state n = requests on the first model."""
     names = _names(latency, routing)
     if len(names) != 2:
         raise ValueError("the chain is built for two models")
@@ -429,6 +535,7 @@ def _prediction(pair: _Pair, B, X, pi, T, routing, latency, baseline, bound, not
         latency={m: latency[m] for m in names},
         batch_wait_s=pair.wait_s,
         shared_device=pair.sigma,
+        turns=pair.turns,
         mean_requests=mean_requests,
         step_s=step_s,
         distribution=tuple(float(v) for v in pi),
@@ -468,6 +575,7 @@ def predict(
     batch_wait_s: float = 0.02,
     max_batch: Mapping[str, int] | None = None,
     shared_device: float = 0.0,
+    turns: bool = False,
 ) -> ThroughputPrediction:
     """Predicted tokens/s and per-token latency for a given B per model (default 1).
 
@@ -478,7 +586,7 @@ def predict(
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, None)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device)
+    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
     B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
     X, pi, T = pair.evaluate(B)
     X1 = X if B == [1, 1] else pair.evaluate([1, 1])[0]
@@ -506,6 +614,7 @@ def choose_b(
     latency_bound_s: float | None = None,
     max_batch: Mapping[str, int] | None = None,
     shared_device: float = 0.0,
+    turns: bool = False,
     candidates: Mapping[str, Sequence[int]] | None = None,
 ) -> ThroughputPrediction:
     """Pick B per model (grid over 1..min(C, max_batch)) maximising predicted tokens/s.
@@ -522,7 +631,7 @@ def choose_b(
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, latency_bound_s)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device)
+    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
     X1, pi1, T1 = pair.evaluate([1, 1])
     if batch_wait_s <= 0:
         return _prediction(

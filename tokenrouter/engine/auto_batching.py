@@ -248,8 +248,9 @@ class AutoBatching:
                 latency[m] = calibrate(profiles[m].table, o)
             C = min(self._concurrency, self._MAX_MODEL_CONCURRENCY)
             sigma = self._shared_device(names)
+            turns = all(workers[m].core_share is not None for m in names)  # on one CPU the workers take turns
             bound = self._settings.auto_latency_bound_s
-            inputs = (C, sigma, bound, *[
+            inputs = (C, sigma, turns, bound, *[
                 v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
             ])  # fmt: skip
             if self._prediction is not None and self._inputs is not None and _close(inputs, self._inputs):
@@ -262,6 +263,7 @@ class AutoBatching:
                 latency_bound_s=bound,
                 max_batch={m: self.specs[m].max_num_seqs for m in names},
                 shared_device=sigma,
+                turns=turns,
             )
             self._inputs = inputs
             self._prediction = prediction
