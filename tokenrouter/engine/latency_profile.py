@@ -12,7 +12,8 @@ The throughput model reads it as `TableLatency`, seconds against the tokens in t
 which is what a step's cost follows (b decode rows and one row of c cost about what b + c decode
 rows do); `LatencyModel` (a + s*b + k*c, least squares with s, k >= 0) is kept as a summary. Profiles are
 cached as JSON under the store home, `profiles/<key>.json`, keyed by the model path, dtype,
-device, block size, torch threads and the grid, and reused.
+device, kernels (linear layers, attention backend, CUDA graph sizes), block size, torch threads
+and the grid, and reused.
 """
 
 from __future__ import annotations
@@ -115,6 +116,8 @@ def profile_info(worker: Worker, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
         "linear_kernel": loaded.linear_kernel,
+        "attention_backend": worker.attention_backend,
+        "cuda_graph_batch_sizes": list(worker.cuda_graph_sizes),
         "block_size": worker.spec.block_size,
         "torch_threads": worker.torch_threads,
         "max_num_seqs": worker.spec.max_num_seqs,
