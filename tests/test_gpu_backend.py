@@ -74,29 +74,39 @@ def _mixed_step(runner, rng):
     return ScheduledBatch(seqs, [len(s.token_ids) - s.num_computed for s in seqs], 3)
 
 
-def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling, window):
-    """Attention computed from the paged layout alone, one row at a time, the way flashinfer reads
-    it: K/V appended at layout.slots(), each row's queries aligned to the end of its pages."""
-    k_cache, v_cache = k_cache.clone(), v_cache.clone()
-    slots = layout.slots()
-    k_cache[slots], v_cache[slots] = k, v
+def _paged_attention(q, k_pages, v_pages, qo_indptr, kv_indptr, kv_indices, last_page_len, window_left, scale):
+    """Paged attention one row at a time, as flashinfer documents it: row r's queries are the
+    last tokens of its pages' context (causal, bottom-right); a key is visible iff it is at most
+    window_left positions back (-1: all). K/V pages are [pages, page_size, kv_heads, head_dim]."""
     out = torch.empty_like(q)
-    bs = layout.page_size
-    for r in range(layout.num_rows):
-        q0, q1 = int(layout.qo_indptr[r]), int(layout.qo_indptr[r + 1])
-        pages = layout.kv_indices[int(layout.kv_indptr[r]) : int(layout.kv_indptr[r + 1])].long()
-        ctx = (len(pages) - 1) * bs + int(layout.kv_last_page_len[r])
-        ctx_slots = (pages[:, None] * bs + torch.arange(bs)).reshape(-1)[:ctx]
-        kr, vr = k_cache[ctx_slots], v_cache[ctx_slots]  # [ctx, Hkv, D]
-        group = q.shape[1] // k.shape[1]
+    page = k_pages.shape[1]
+    for r in range(len(last_page_len)):
+        q0, q1 = int(qo_indptr[r]), int(qo_indptr[r + 1])
+        pages = kv_indices[int(kv_indptr[r]) : int(kv_indptr[r + 1])].long()
+        ctx = (len(pages) - 1) * page + int(last_page_len[r])
+        kr = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:ctx]
+        vr = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:ctx]
+        group = q.shape[1] // kr.shape[1]
         kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
-        scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scaling
-        q_pos = torch.arange(ctx - (q1 - q0), ctx)[:, None]
-        diff = q_pos - torch.arange(ctx)[None, :]
-        allowed = (diff >= 0) & (diff < window if window else True)
+        scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scale
+        back = torch.arange(ctx - (q1 - q0), ctx)[:, None] - torch.arange(ctx)[None, :]
+        allowed = (back >= 0) & ((back <= window_left) if window_left >= 0 else True)
         scores = scores.masked_fill(~allowed, float("-inf"))
         out[q0:q1] = torch.einsum("htc,chd->thd", scores.softmax(-1), vr)
     return out
+
+
+def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling, window):
+    """Attention computed from the paged layout alone: K/V appended at layout.slots(), then each
+    row read from its pages (a HF sliding window w keeps keys less than w positions back)."""
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    slots = layout.slots()
+    k_cache[slots], v_cache[slots] = k, v
+    pages = (-1, layout.page_size, *k.shape[1:])
+    return _paged_attention(
+        q, k_cache.view(pages), v_cache.view(pages), layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
+        layout.kv_last_page_len, window - 1 if window else -1, scaling,
+    )  # fmt: skip
 
 
 @pytest.mark.parametrize("window", [None, 5])
@@ -208,26 +218,6 @@ class _FlashInferSemantics:
     from prefill rows, the graph buffers a replay reads) is checked on CPU. The kernels
     themselves are checked against the torch backend by the `gpu` tests below."""
 
-    @staticmethod
-    def _rows(q, kv, qo_indptr, indptr, indices, last, page, window_left, scale, out):
-        k_pages, v_pages = kv
-        out = torch.empty_like(q) if out is None else out
-        for r in range(len(last)):
-            q0, q1 = int(qo_indptr[r]), int(qo_indptr[r + 1])
-            pages = indices[int(indptr[r]) : int(indptr[r + 1])].long()
-            ctx = (len(pages) - 1) * page + int(last[r])
-            kr = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:ctx]
-            vr = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:ctx]
-            group = q.shape[1] // kr.shape[1]
-            kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
-            scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scale
-            q_pos = torch.arange(ctx - (q1 - q0), ctx)[:, None]
-            k_pos = torch.arange(ctx)[None, :]
-            allowed = (k_pos <= q_pos) & ((k_pos >= q_pos - window_left) if window_left >= 0 else True)
-            scores = scores.masked_fill(~allowed, float("-inf"))
-            out[q0:q1] = torch.einsum("htc,chd->thd", scores.softmax(-1), vr)
-        return out
-
     class BatchDecodeWithPagedKVCacheWrapper:
         def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
                      paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
@@ -249,15 +239,15 @@ class _FlashInferSemantics:
                 self.plan_ = (None, None, None)
             else:
                 self.plan_ = (indptr.clone(), indices.clone(), last_page_len.clone())
-            self.args = (page_size, window_left, sm_scale or head_dim**-0.5)
+            self.args = (window_left, sm_scale or head_dim**-0.5)
 
         def run(self, q, kv, out=None):
             indptr, indices, last = self.bufs if self.graph else self.plan_
             n = len(last)
-            page, window, scale = self.args
+            window, scale = self.args
             assert q.shape[0] == n
-            qo_indptr = torch.arange(n + 1)
-            return _FlashInferSemantics._rows(q, kv, qo_indptr, indptr, indices, last, page, window, scale, out)
+            result = _paged_attention(q, *kv, torch.arange(n + 1), indptr, indices, last, window, scale)
+            return result if out is None else out.copy_(result)
 
     class BatchPrefillWithPagedKVCacheWrapper:
         def __init__(self, workspace, layout):
@@ -267,12 +257,14 @@ class _FlashInferSemantics:
                  *, causal=False, window_left=-1, sm_scale=None, q_data_type=None, kv_data_type=None):
             assert causal
             self.plan_ = (qo_indptr.clone(), kv_indptr.clone(), indices.clone(), last_page_len.clone())
-            self.args = (page_size, window_left, sm_scale or head_dim**-0.5)
+            self.args = (window_left, sm_scale or head_dim**-0.5)
 
         def run(self, q, kv, out=None):
             qo_indptr, indptr, indices, last = self.plan_
             assert q.shape[0] == int(qo_indptr[-1])
-            return _FlashInferSemantics._rows(q, kv, qo_indptr, indptr, indices, last, *self.args, out)
+            window, scale = self.args
+            result = _paged_attention(q, *kv, qo_indptr, indptr, indices, last, window, scale)
+            return result if out is None else out.copy_(result)
 
     @staticmethod
     def append_paged_kv_cache(k, v, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len, layout):

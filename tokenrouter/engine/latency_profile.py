@@ -117,7 +117,7 @@ def profile_info(worker: Worker, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_
         "device": str(loaded.device),
         "linear_kernel": loaded.linear_kernel,
         "attention_backend": worker.attention_backend,
-        "cuda_graph_batch_sizes": list(worker.cuda_graph_sizes),
+        "cuda_graph_batch_sizes": worker.cuda_graph_sizes,
         "block_size": worker.spec.block_size,
         "torch_threads": worker.torch_threads,
         "max_num_seqs": worker.spec.max_num_seqs,

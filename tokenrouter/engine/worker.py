@@ -156,7 +156,7 @@ class Worker:
         self.torch_threads: int | None = None  # torch threads its forwards run on (the compute thread's, if shared)
         self.time_waiting_for_cores = 0.0
         self.attention_backend = ""  # "torch" or "flashinfer", chosen at setup
-        self.cuda_graph_sizes: list[int] = []  # decode batch sizes replayed from CUDA graphs
+        self.runner: ModelRunner | None = None  # set by setup()
 
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
@@ -219,7 +219,12 @@ class Worker:
             log.warning("model %r: CUDA graph capture failed, decode steps run eagerly: %s", self.name, e)
             return
         self.runner.graphs = graphs
-        self.cuda_graph_sizes = list(graphs.sizes)
+
+    @property
+    def cuda_graph_sizes(self) -> list[int]:
+        """Decode batch sizes replayed from CUDA graphs (none on CPU, or if capture failed)."""
+        graphs = self.runner.graphs if self.runner is not None else None
+        return list(graphs.sizes) if graphs is not None else []
 
     def wait_ready(self) -> LoadedModel:
         """Block until setup() is done; re-raise its error (missing weights, bad budget, ...)."""
@@ -335,7 +340,7 @@ class Worker:
             batch_min=self.batch_min,
             time_waiting_for_cores_s=self.time_waiting_for_cores,
             attention_backend=self.attention_backend,
-            cuda_graph_batch_sizes=list(self.cuda_graph_sizes),
+            cuda_graph_batch_sizes=self.cuda_graph_sizes,
         )
 
     # ---- the worker thread ---------------------------------------------------------------
