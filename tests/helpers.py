@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from functools import lru_cache
 
 import anyio
@@ -53,6 +54,16 @@ async def wait_all_free(engine, timeout: float = 10.0) -> None:
     """Wait until no worker holds any request or KV block (workers free KV asynchronously)."""
     if not await wait_free(engine, timeout):
         raise AssertionError(f"KV not freed: {engine.stats()}")
+
+
+async def wait_until(predicate, timeout: float = 10.0, what: str = "the condition") -> None:
+    """Poll `predicate()` until it holds: for state a worker thread changes after the caller has
+    seen a request end (a worker reports a step's events before it gives up its turn)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"{what} did not hold within {timeout} s")
+        await anyio.sleep(0.005)
 
 
 def holds_nothing(engine) -> bool:
