@@ -33,6 +33,19 @@ from typing import Any
 import torch
 
 
+def use_threads(n: int) -> None:
+    """Run the calling thread's torch ops on `n` threads, whatever other threads have set.
+
+    torch keeps one process-wide count that each thread copies lazily, at its first parallel op,
+    and `set_num_threads` writes both that count and the caller's own: a thread that never sets
+    its own runs on whatever count the process had when it first computed (one, in a caller that
+    pinned itself to one thread). So every thread that computes for the engine sets its own, and
+    re-checks before each forward (a policy may call `set_num_threads` in a worker's thread)."""
+    torch.get_num_threads()  # settle the lazy copy first, or it could overwrite ours later
+    if torch.get_num_threads() != n:
+        torch.set_num_threads(n)
+
+
 def usable_cores() -> int:
     """The cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
     try:
@@ -73,10 +86,7 @@ class CoreShare:
         return done.result()
 
     def _compute(self) -> None:
-        # torch applies its process-wide thread count to a thread lazily, at the thread's first
-        # query; query first, or a worker's later set_num_threads(1) would become ours too
-        torch.get_num_threads()
-        torch.set_num_threads(self.cores)
+        use_threads(self.cores)  # each forward re-checks it too (ModelRunner.threads)
         while (job := self._jobs.get()) is not None:
             fn, done = job
             try:

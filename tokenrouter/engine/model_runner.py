@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata, step_context
+from .core_share import use_threads
 from .cuda_graph import DecodeGraphs
 from .model_loader import LoadedModel
 from .sequence import Sequence
@@ -31,6 +32,7 @@ class ForwardOutput:
     logits: torch.Tensor  # [len(sample_rows), vocab]
     sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
     model_time: float  # seconds inside the model's forward (the rest of a step is engine overhead)
+    threads: int  # torch intra-op threads the forward ran on
     hidden: torch.Tensor | None = None  # [len(sample_rows), H] last hidden states, when captured
 
 
@@ -66,8 +68,10 @@ class ModelRunner:
         block_size: int,
         capture_hidden: bool = False,
         compute: Callable[[Callable[[], ForwardOutput]], ForwardOutput] | None = None,
+        threads: int | None = None,
     ):
         self.compute = compute  # runs the forward elsewhere (the shared CPU compute thread), if given
+        self.threads = threads  # torch threads every forward runs on (None: the thread's own count)
         self.loaded = loaded
         self.model = loaded.model
         self.backend = backend
@@ -149,6 +153,8 @@ class ModelRunner:
 
     @torch.inference_mode()
     def _forward(self, batch: ScheduledBatch) -> ForwardOutput:
+        if self.threads is not None:
+            use_threads(self.threads)
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
         t0 = time.perf_counter()
         if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):
@@ -157,7 +163,7 @@ class ModelRunner:
             self.backend.plan(meta)
             keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
             logits, hidden = self.run_model(input_ids, positions, meta, keep)
-        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, hidden)
+        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, torch.get_num_threads(), hidden)
 
     def run_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor | int

@@ -26,7 +26,7 @@ from ..throughput import ThroughputPrediction
 from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
 from .attention_choice import choose_attention_backend
 from .block_manager import BlockManager
-from .core_share import CoreShare
+from .core_share import CoreShare, usable_cores, use_threads
 from .cuda_graph import DecodeGraphs
 from .kv_cache import KVCache, KVLayout
 from .model_loader import LoadedModel, load_model
@@ -88,6 +88,8 @@ class WorkerStats:
     time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/core_share.py)
     attention_backend: str = ""  # "torch" or "flashinfer" (ModelSpec.attention_backend)
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
+    torch_threads: int | None = None  # torch threads the forwards are meant to run on
+    steps_by_threads: dict[int, int] = field(default_factory=dict)  # steps by the torch threads they ran on
     # delayed_batching="auto": the throughput model's current choice and prediction (the same
     # object for every model; `Engine.stats()` fills it in)
     throughput_prediction: ThroughputPrediction | None = None
@@ -142,6 +144,7 @@ class Worker:
         self.handoffs_received = 0
         self.handoffs_sent = 0
         self.batch_sizes: Counter[int] = Counter()
+        self.steps_by_threads: Counter[int] = Counter()
         self.time_forward = 0.0
         self.time_step = 0.0
         self.time_idle = 0.0
@@ -161,12 +164,14 @@ class Worker:
     def setup(self) -> None:
         """Load the model and allocate the KV pool; runs in the thread that will step this worker."""
         try:
-            torch.get_num_threads()  # torch applies its process-wide count lazily: settle it before ours
             if self.num_threads is not None:
-                torch.set_num_threads(self.num_threads)
+                own = forward_threads = self.num_threads
             elif self.core_share is not None:  # forwards run in the shared compute thread, on every core;
-                torch.set_num_threads(1)  # this thread's own ops (loading, sampling) stay off OpenMP teams
-            self.torch_threads = self.core_share.cores if self.core_share is not None else torch.get_num_threads()
+                own, forward_threads = 1, self.core_share.cores  # this thread's ops (loading, sampling) stay off OpenMP teams
+            else:  # alone on the cores, whatever count the caller's threads set
+                own = forward_threads = usable_cores()
+            use_threads(own)
+            self.torch_threads = forward_threads
             spec = self.spec
             loaded = load_model(self.name, spec)
             layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
@@ -196,7 +201,7 @@ class Worker:
                 backend = FlashInferPagedAttention(self.cache, text.num_attention_heads, loaded.device)
             else:
                 backend = TorchPagedAttention(self.cache)
-            self.runner = ModelRunner(loaded, backend, spec.block_size, capture, compute)
+            self.runner = ModelRunner(loaded, backend, spec.block_size, capture, compute, forward_threads)
             if graph_batch:
                 self._capture_graphs(backend, graph_batch, num_blocks, loaded.max_model_len)
             self.sampler = Sampler()
@@ -341,6 +346,8 @@ class Worker:
             time_waiting_for_cores_s=self.time_waiting_for_cores,
             attention_backend=self.attention_backend,
             cuda_graph_batch_sizes=self.cuda_graph_sizes,
+            torch_threads=self.torch_threads,
+            steps_by_threads=dict(self.steps_by_threads),
         )
 
     # ---- the worker thread ---------------------------------------------------------------
@@ -584,6 +591,7 @@ class Worker:
         self.time_forward += out.model_time
         self.steps += 1
         self.batch_sizes[len(batch)] += 1
+        self.steps_by_threads[out.threads] += 1
         self.rows_stepped += len(batch)
         for seq, n in zip(batch.seqs, batch.num_new):
             seq.num_computed += n
