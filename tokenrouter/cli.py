@@ -590,6 +590,7 @@ async def _generate(args) -> int:
                 print(painter.text(delta.text, delta.model), end="", flush=True)
             out = delta.output
         seconds = time.perf_counter() - t1
+        steps_by_threads = {m: st.steps_by_threads for m, st in engine.stats().items()}
     assert out is not None
     s = summary(out, names, seconds)
     if args.json:
@@ -599,7 +600,7 @@ async def _generate(args) -> int:
             "token_models": out.token_models,
             "policy": repr(engine.policy),
             "models": {m: str(spec.path) for m, spec in engine.specs.items()},
-            "summary": {**s, "load_seconds": round(load_s, 3)},
+            "summary": {**s, "load_seconds": round(load_s, 3), "steps_by_threads": steps_by_threads},
         }
         if out.error:
             record["error"] = out.error
