@@ -22,7 +22,7 @@ import anyio
 import torch
 
 from tokenrouter import Engine, ModelSpec, store
-from tokenrouter.engine import latency_profile
+from tokenrouter.autobatch import latency_profile
 from tokenrouter.policies import Single
 
 

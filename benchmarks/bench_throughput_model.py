@@ -29,8 +29,8 @@ import torch
 
 from tokenrouter import Engine, RStitch, SamplingParams
 from tokenrouter.bench.harness import release_memory
-from tokenrouter.policies.labels import python_corpus
-from tokenrouter.throughput import predict
+from tokenrouter.training.labels import python_corpus
+from tokenrouter.autobatch.throughput_model import predict
 
 
 async def closed_loop(engine, prompts, concurrency, warmup, seconds, max_tokens) -> float:

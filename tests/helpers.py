@@ -68,7 +68,7 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "the conditio
 
 def holds_nothing(engine) -> bool:
     """No worker holds a request, and the engine tracks no request."""
-    return all(not w.seqs for w in engine.workers.values()) and not engine._channels and not engine._requests
+    return all(not w.core.seqs for w in engine.workers.values()) and not engine._channels and not engine._requests
 
 
 class EveryK(Policy):
@@ -110,7 +110,7 @@ class StepGate:
     def __init__(self, worker, predicate):
         self.hit = threading.Event()
         self.opened = threading.Event()
-        real = worker._step
+        real = worker.step
 
         def step():
             if not self.hit.is_set() and not self.opened.is_set() and predicate(worker):
@@ -118,7 +118,7 @@ class StepGate:
                 self.opened.wait(30)
             real()
 
-        worker._step = step
+        worker.step = step
 
     async def wait_hit(self, timeout: float = 20.0) -> None:
         if not await anyio.to_thread.run_sync(self.hit.wait, timeout):

@@ -614,7 +614,7 @@ def _rejected(running, monkeypatch, how, prompt, params, request_id, field, frag
     assert str(e.value).startswith(f"{field}: ") and fragment in str(e.value), str(e.value)
     # none reaches a worker
     assert spy.submitted == []
-    assert not worker._inbox and not worker.seqs and not engine._channels
+    assert not worker.inbox and not worker.core.seqs and not engine._channels
     after = worker.stats()
     assert (after.steps, after.tokens_processed) == (before.steps, before.tokens_processed)
     # and the engine goes on serving

@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter.engine.inbox import HandOff
 from tokenrouter.engine.sequence import SeqStatus
 from tokenrouter.testing import load_reference_models, reference_generate
 
@@ -33,7 +34,7 @@ VICTIM = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
 
 
 def _seq(worker, rid="victim"):
-    return worker.seqs.get(rid)
+    return worker.core.seqs.get(rid)
 
 
 def _waiting(w):
@@ -152,7 +153,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
                 tg.start_soon(victim, scope_box)
                 large = engine.workers["large"]
                 for _ in range(2000):  # ...while the victim's hand-off waits in its inbox
-                    if any(kind == "handoff" and p[0].request_id == "victim" for kind, p in list(large._inbox)):
+                    if any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in large.inbox.snapshot()):
                         break
                     await anyio.sleep(0.005)
                 else:
@@ -182,7 +183,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
             assert result["victim"].finish_reason == "abort"
             by = result["bystander"]  # an engine exit ends everyone still running
             assert by.finish_reason == "abort" or by.token_ids == bystander_ref.token_ids
-            assert all(not w.alive and w.blocks.num_free == w.blocks.num_blocks for w in old_workers)
+            assert all(not w.alive and w.core.blocks.num_free == w.core.blocks.num_blocks for w in old_workers)
             assert engine.health().workers == {"small": "stopped", "large": "stopped"}
             await engine.start()  # and it starts again
             out = await engine.generate(BYSTANDER_PROMPT, BYSTANDER)

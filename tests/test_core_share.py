@@ -75,7 +75,7 @@ class NeverTogether:
         self.forwards = 0
         self.threads: set[str] = set()
         for w in engine.workers.values():
-            w.runner._forward = self._wrap(w.runner._forward)
+            w.core.runner._forward = self._wrap(w.core.runner._forward)
 
     def _wrap(self, forward):
         def counted(batch):
@@ -107,7 +107,7 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
             assert sum(s.handoffs_received for s in stats.values()) > 0
             shares = {e.workers[m].core_share for m in e.workers}
             if num_threads is not None:
-                assert shares == {None} and {w.torch_threads for w in e.workers.values()} == {1}
+                assert shares == {None} and {w.core.torch_threads for w in e.workers.values()} == {1}
                 assert seen.threads == {"tokenrouter-worker-small", "tokenrouter-worker-large"}
                 assert all(s.time_waiting_for_cores_s == 0 for s in stats.values())
                 return
@@ -116,7 +116,7 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
             # Every turn is given back. A worker reports a step's events (the caller's requests end,
             # their KV already freed) before it gives up its turn, so wait for that last step to end.
             await wait_until(lambda: share.holder is None and share.waiting() == [], what="every turn given back")
-            assert {w.torch_threads for w in e.workers.values()} == {usable_cores()}  # each step on every core
+            assert {w.core.torch_threads for w in e.workers.values()} == {usable_cores()}  # each step on every core
             assert seen.forwards > 10 and seen.overlaps == 0
             assert seen.threads == {"tokenrouter-cpu-compute"}  # one OpenMP team for every forward
 

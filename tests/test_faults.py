@@ -51,7 +51,7 @@ def test_a_failed_forward_fails_its_batch_only(tiny_pair, refs):
     async def main():
         async with _engine(tiny_pair) as engine:
             large = engine.workers["large"]
-            real = large.runner.forward
+            real = large.core.runner.forward
             fired = []
 
             def forward(batch):
@@ -60,7 +60,7 @@ def test_a_failed_forward_fails_its_batch_only(tiny_pair, refs):
                     raise RuntimeError("injected: CUDA error: an illegal memory access")
                 return real(batch)
 
-            large.runner.forward = forward
+            large.core.runner.forward = forward
             outs = await _generate_all(engine, ["boom", "a", "b"])
             await wait_all_free(engine)
             assert holds_nothing(engine)
@@ -113,14 +113,14 @@ def test_a_dead_worker_fails_its_requests_and_the_engine_restarts(tiny_pair, ref
         engine = _engine(tiny_pair)
         await engine.start()
         large = engine.workers["large"]
-        real = large.scheduler.schedule
+        real = large.core.scheduler.schedule
 
         def schedule():
-            if large.seqs:  # the first time the large model has work, its loop breaks
+            if large.core.seqs:  # the first time the large model has work, its loop breaks
                 raise RuntimeError("injected: scheduler bug")
             return real()
 
-        large.scheduler.schedule = schedule
+        large.core.scheduler.schedule = schedule
         outs = await _generate_all(engine, ["a", "b", "c"])  # each moves to the large model after 3 tokens
         for out in outs.values():
             assert out.finish_reason == "error"
@@ -130,7 +130,7 @@ def test_a_dead_worker_fails_its_requests_and_the_engine_restarts(tiny_pair, ref
         assert health.workers["small"] == "ok"
         assert health.workers["large"].startswith("worker 'large' died: RuntimeError")
         await wait_all_free(engine)  # the pending copies on the small model are released too
-        assert not engine.workers["small"].seqs
+        assert not engine.workers["small"].core.seqs
         with pytest.raises(EngineNotRunningError, match="worker 'large' is not running .*died"):
             await engine.generate(PROMPTS[0], PARAMS)  # at once, not a hang
         await engine.close()
@@ -151,7 +151,7 @@ def test_closing_never_hangs_on_a_stuck_worker(tiny_pair, caplog):
         engine = _engine(tiny_pair, stop_timeout=0.3)
         await engine.start()
         large = engine.workers["large"]
-        real = large.runner.forward
+        real = large.core.runner.forward
         entered = threading.Event()
 
         def forward(batch):
@@ -159,7 +159,7 @@ def test_closing_never_hangs_on_a_stuck_worker(tiny_pair, caplog):
             release.wait(20)  # stuck, e.g. in a kernel that never returns
             return real(batch)
 
-        large.runner.forward = forward
+        large.core.runner.forward = forward
         result = {}
 
         async def victim():

@@ -20,7 +20,8 @@ from tokenrouter.engine.cuda_graph import graph_batch_sizes, pad_decode
 from tokenrouter.engine.flashinfer_attention import import_flashinfer
 from tokenrouter.engine.kv_cache import KVCache, KVLayout
 from tokenrouter.engine.model_loader import load_model
-from tokenrouter.engine.model_runner import ModelRunner, ScheduledBatch
+from tokenrouter.engine.batch import ScheduledBatch
+from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.engine.paged_layout import PagedLayout
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.engine.torch_attention import TorchPagedAttention
@@ -403,7 +404,7 @@ def test_cuda_graph_replay_equals_eager(gpu_pair):
     cache = KVCache(layout, 65, BS, loaded.device)  # block 64: the scratch block
     backend = FlashInferPagedAttention(cache, loaded.model.config.num_attention_heads, loaded.device)
     runner = ModelRunner(loaded, backend, BS)
-    graphs = DecodeGraphs(runner, backend, max_batch=8, scratch_block=64, max_pages_per_row=128)
+    graphs = DecodeGraphs(runner.run_model, backend, runner.device, runner.block_size, max_batch=8, scratch_block=64, max_pages_per_row=128)
     graphs.capture()
     batch = _mixed_step(runner, rng)
     decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)

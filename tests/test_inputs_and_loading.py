@@ -150,7 +150,7 @@ def test_dtypes(tmp_path, tokenizer, dtype):
         async with Engine(models={"m": ModelSpec(path=path, dtype=dtype, kv_cache_tokens=256)}) as engine:
             want = torch.float32 if dtype == "auto" else getattr(torch, dtype)
             assert engine.loaded["m"].dtype == want
-            assert engine.workers["m"].cache.k[0].dtype == want
+            assert engine.workers["m"].core.cache.k[0].dtype == want
             out = await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
             assert len(out.token_ids) == 4
 

@@ -17,7 +17,7 @@ import torch
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.model_runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, normalized_entropy
-from tokenrouter.policies.labels import Labels, label, python_corpus, read_jsonl, summary
+from tokenrouter.training.labels import Labels, label, python_corpus, read_jsonl, summary
 from tokenrouter.policies.routers import (
     ModelIdentity,
     RouterConfig,
@@ -26,7 +26,7 @@ from tokenrouter.policies.routers import (
     load_router,
     save_router,
 )
-from tokenrouter.policies.training import (
+from tokenrouter.training.router_training import (
     defer,
     features,
     split_examples,
@@ -529,7 +529,7 @@ def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_pat
     """A JSONL line may leave the response out: the largest model writes it (greedy, through the
     engine), and labelling goes on over it."""
     from tokenrouter import Single
-    from tokenrouter.policies.labels import generate_responses
+    from tokenrouter.training.labels import generate_responses
 
     data = tmp_path / "prompts.jsonl"
     data.write_text(

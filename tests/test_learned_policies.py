@@ -176,7 +176,7 @@ def test_hidden_states_are_captured_only_for_policies_that_ask(tiny_pair, ref_mo
 
     async def runners(policy):
         async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1) as engine:
-            return {name: w.runner.capture is not None for name, w in engine.workers.items()}
+            return {name: w.core.runner.capture is not None for name, w in engine.workers.items()}
 
     assert anyio.run(runners, RStitch(tau=TINY_PAIR_TAU)) == {"small": False, "large": False}
     assert anyio.run(runners, R2R(make_router("r2r", ref_models))) == {"small": True, "large": True}

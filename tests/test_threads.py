@@ -76,13 +76,13 @@ def test_a_forward_restores_its_threads_if_its_thread_changed_them(tiny_pair):
     async def main():
         async with Engine(models=_specs({"small": tiny_pair["small"]})) as e:
             worker = e.workers["small"]
-            real = worker.runner.forward
+            real = worker.core.runner.forward
 
             def forward_after_pinning(batch):
                 torch.set_num_threads(1)  # in the worker's thread, right before its forward
                 return real(batch)
 
-            worker.runner.forward = forward_after_pinning
+            worker.core.runner.forward = forward_after_pinning
             await generate_all(e, PROMPTS, PARAMS)
             return e.stats()["small"].steps_by_threads
 

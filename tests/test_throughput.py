@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.engine import latency_profile
+from tokenrouter.autobatch import latency_profile
 from tokenrouter.policies import RStitch
-from tokenrouter.throughput import (
+from tokenrouter.autobatch.throughput_model import (
     LatencyModel,
     RoutingStats,
     TableLatency,
@@ -194,7 +194,7 @@ def test_table_latency_reads_the_profile():
 
 
 def test_calibration_scales_the_profile_to_the_steps_observed():
-    from tokenrouter.engine.auto_batching import MIN_CALIBRATION_STEPS, calibrate
+    from tokenrouter.autobatch.controller import MIN_CALIBRATION_STEPS, calibrate
 
     t = TableLatency((1, 10), (0.1, 1.0))
     steps = {1: 8.0, 10: 4.0}  # 8 one-token steps and 4 ten-token ones: 4.8 s by the profile
@@ -297,7 +297,7 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
                 # times the work of one decode row) must be measurably slower than a single decode row.
                 assert lat[(1, c_max)] > lat[(1, 0)]
                 assert prof.fit.a > 0 and prof.fit.s >= 0 and prof.fit.k >= 0
-                assert engine.workers[name].blocks.num_free == engine.workers[name].blocks.num_blocks
+                assert engine.workers[name].core.blocks.num_free == engine.workers[name].core.blocks.num_blocks
             assert engine.stats()["small"].steps == 0  # the profile is not counted as serving
 
             def no_measuring(*a, **kw):

@@ -8,7 +8,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
@@ -16,20 +16,22 @@ import anyio
 import torch
 
 from .config import ModelSpec, SamplingParams
-from .engine.auto_batching import AutoBatching, profile_workers
+from .autobatch.controller import AutoBatching, profile_workers
 from .engine.core_share import CoreShare, usable_cores
-from .engine.latency_profile import LatencyProfile
+from .autobatch.latency_profile import LatencyProfile
+from .engine.events import WorkerEvent, WorkerStats
 from .engine.lockstep import LockstepDriver
+from .engine.model_core import ModelCore
 from .engine.model_loader import LoadedModel
 from .engine.output_processor import OutputProcessor
 from .engine.request_channel import RequestChannel
 from .engine.sequence import Request
-from .engine.worker import Worker, WorkerEvent, WorkerStats
+from .engine.worker_thread import WorkerThread
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
 from .outputs import RequestOutput, StreamDelta
 from .policies import STEP_FIELDS, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
-from .throughput import ThroughputPrediction
+from .autobatch.throughput_model import ThroughputPrediction
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +55,14 @@ def _default_models(policy: Policy) -> dict[str, ModelSpec]:
             f"{store.home_dir()}; fetch it with `{store.pull_command('demo')}` (or pass models=...)"
         )
     return {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m])) for m in policy.models}
+
+
+@dataclass
+class ModelStats(WorkerStats):
+    """A worker's statistics, and with delayed_batching="auto" the throughput model's current
+    choice and prediction (the same object for every model)."""
+
+    throughput_prediction: ThroughputPrediction | None = None
 
 
 @dataclass(frozen=True)
@@ -148,7 +158,7 @@ class Engine:
         self.num_threads = num_threads
         self.stop_timeout = stop_timeout
         self.loaded: dict[str, LoadedModel] = {}
-        self.workers: dict[str, Worker] = {}
+        self.workers: dict[str, WorkerThread] = {}
         self._channels: dict[str, RequestChannel] = {}
         self._requests: dict[str, Request] = {}
         self._running = False
@@ -210,17 +220,16 @@ class Engine:
         share = self._share = self._core_share()
         if share is not None:
             share.start()
+        wake = threading.Event() if self.mode == "lockstep" else None  # one driver hears every worker
         workers = {
-            name: Worker(
-                name,
-                spec,
+            name: WorkerThread(
+                ModelCore(name, spec, self.policy, keep_kv_on_handoff=self.mode != "standard"),
                 self._dispatch,
-                self.policy,
                 self.batch_min[name],
                 self.batch_wait_s,
-                keep_kv_on_handoff=self.mode != "standard",
                 num_threads=self.num_threads,
                 core_share=share if torch.device(spec.device).type == "cpu" else None,
+                wake=wake,
             )
             for name, spec in self.specs.items()
         }
@@ -229,7 +238,7 @@ class Engine:
         try:
             # Models load in their workers' threads, one after another to bound peak memory.
             if self.mode == "lockstep":
-                LockstepDriver(list(workers.values())).start()
+                LockstepDriver(list(workers.values()), wake).start()
             for name, worker in workers.items():
                 if self.mode != "lockstep":
                     worker.start()
@@ -352,7 +361,7 @@ class Engine:
                 )
         need = len(req.prompt_ids) + req.max_tokens
         for name in self.policy.models:
-            holds = self.workers[name].blocks.capacity_tokens
+            holds = self.workers[name].core.blocks.capacity_tokens
             if need > holds:
                 field = "prompt" if len(req.prompt_ids) >= holds else "max_tokens"
                 raise InvalidRequestError(
@@ -451,11 +460,11 @@ class Engine:
         healthy = self._running and all(v == "ok" for v in workers.values())
         return EngineHealth(healthy=healthy, running=self._running, workers=workers)
 
-    def stats(self) -> dict[str, WorkerStats]:
+    def stats(self) -> dict[str, ModelStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings, B in force and,
         with delayed_batching="auto", the throughput model's prediction."""
         pred = self._auto.prediction if self._auto is not None else None
-        return {name: replace(w.stats(), throughput_prediction=pred) for name, w in self.workers.items()}
+        return {name: ModelStats(**vars(w.stats()), throughput_prediction=pred) for name, w in self.workers.items()}
 
     async def reset_prefix_cache(self) -> dict[str, int]:
         """Forget every cached prefix that no request in flight holds, in every worker (between

@@ -662,7 +662,7 @@ async def _chat(args) -> int:
 
 
 def _label(args) -> int:
-    from .policies.labels import generate_responses, label, python_corpus, read_jsonl
+    from .training.labels import generate_responses, label, python_corpus, read_jsonl
 
     given = list(args.model) or list(store.DEFAULT_MODELS.items())
     names = [n for n, _ in given]
@@ -707,9 +707,9 @@ def _label(args) -> int:
 
 
 def _train_router(args) -> int:
-    from .policies.labels import Labels
+    from .training.labels import Labels
     from .policies.routers import save_router
-    from .policies.training import COMPARISON, train_router
+    from .training.router_training import COMPARISON, train_router
 
     labels = Labels.load(args.labels)
     t0 = time.perf_counter()

@@ -156,7 +156,7 @@ def reference_generate(
     """
     from .engine.model_runner import HiddenCapture
     from .engine.sampler import Sampler, SamplingTensors
-    from .engine.worker import MAX_STALLS
+    from .engine.model_core import MAX_STALLS
     from .policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, normalized_entropy
 
     names = policy.models

@@ -10,6 +10,7 @@ decode steps larger than the limit, run eagerly.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 import torch
@@ -18,7 +19,9 @@ from .attention import AttentionMetadata
 
 if TYPE_CHECKING:
     from .flashinfer_attention import FlashInferPagedAttention
-    from .model_runner import ModelRunner
+
+# (input ids, positions, planned metadata, rows to keep: 0 = all) -> (logits, hidden or None)
+RunModel = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, int], tuple[torch.Tensor, torch.Tensor | None]]
 
 
 def graph_batch_sizes(max_batch: int) -> list[int]:
@@ -77,23 +80,29 @@ def scratch_decode(size: int, scratch_block: int, block_size: int, device: torch
 
 
 class DecodeGraphs:
-    """One captured decode forward per batch size, sharing one memory pool (largest first)."""
+    """One captured decode forward per batch size, sharing one memory pool (largest first).
+    `run_model` is the runner's forward over a planned step; the runner owns these graphs and
+    chooses, per step, to replay one or to run eagerly."""
 
     def __init__(
         self,
-        runner: ModelRunner,
+        run_model: RunModel,
         backend: FlashInferPagedAttention,
+        device: torch.device,
+        block_size: int,
         max_batch: int,
         scratch_block: int,
         max_pages_per_row: int,
     ):
-        self.runner = runner
+        self.run_model = run_model
         self.backend = backend
+        self.device = device
+        self.block_size = block_size
         self.sizes = graph_batch_sizes(max_batch)
         self.scratch_block = scratch_block
         self.max_pages_per_row = max_pages_per_row
         self.graphs: dict[int, tuple[torch.cuda.CUDAGraph, torch.Tensor, torch.Tensor | None]] = {}
-        dev = runner.device
+        dev = device
         self.input_ids = torch.zeros(self.sizes[-1], dtype=torch.long, device=dev)
         self.positions = torch.zeros(self.sizes[-1], dtype=torch.long, device=dev)
 
@@ -107,7 +116,7 @@ class DecodeGraphs:
     @torch.inference_mode()  # else every captured forward would record autograd and keep its activations
     def capture(self) -> None:
         pool = None
-        bs, dev = self.runner.block_size, self.runner.device
+        bs, dev = self.block_size, self.device
         try:
             for size in reversed(self.sizes):
                 ids, pos, meta = scratch_decode(size, self.scratch_block, bs, dev)
@@ -116,11 +125,11 @@ class DecodeGraphs:
                 self.backend.use_graph(size, self.max_pages_per_row)
                 self.backend.plan(meta)
                 static_ids, static_pos = self.input_ids[:size], self.positions[:size]
-                self.runner.run_model(static_ids, static_pos, meta, keep=0)  # warm-up; plans every layer kind
+                self.run_model(static_ids, static_pos, meta, 0)  # warm-up; plans every layer kind
                 torch.cuda.synchronize(dev)
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
-                    logits, hidden = self.runner.run_model(static_ids, static_pos, meta, keep=0)
+                    logits, hidden = self.run_model(static_ids, static_pos, meta, 0)
                 pool = graph.pool()
                 self.graphs[size] = (graph, logits, hidden)
         finally:

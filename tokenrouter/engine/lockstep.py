@@ -3,7 +3,8 @@
 This is how the routing algorithms' official implementations serve: step the small model's
 batch, then the large model's, and so on. It runs the very same workers (scheduler, KV pool,
 hand-offs that keep KV) as the routed engine; only who drives the steps differs. It exists to
-measure the routed engine against, not to serve.
+measure the routed engine against, not to serve. Its workers share one wake event (give each
+`WorkerThread` the driver's `wake`), so a post to any of them wakes the driver.
 """
 
 from __future__ import annotations
@@ -12,47 +13,42 @@ import threading
 
 import torch
 
-from .worker import Worker
+from .worker_thread import WorkerThread
 
 
 class LockstepDriver:
-    def __init__(self, workers: list[Worker]):
+    def __init__(self, workers: list[WorkerThread], wake: threading.Event):
         self.workers = workers
-        self._wake = threading.Event()
-        for w in workers:
-            w._wake = self._wake  # any post to any worker wakes the one driver
+        self.wake = wake
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="tokenrouter-lockstep", daemon=True)
         for w in self.workers:
-            w._thread = self._thread
+            w.bind_thread(self._thread)
         self._thread.start()
 
     def _run(self) -> None:
-        current: Worker | None = None
         for w in self.workers:  # load every model in this, the one stepping thread
-            w.setup()
-        if any(w._setup_error is not None for w in self.workers):
-            for w in self.workers:
-                w._ready.set()
+            w.load()
+        if any(w.load_failed for w in self.workers):
             return
         try:
             with torch.inference_mode():
                 while True:
-                    self._wake.clear()
+                    self.wake.clear()
                     stepped = False
-                    for current in self.workers:
-                        current._drain_inbox()  # including hand-offs from the previous worker's step
-                        if current._stopping:
+                    for w in self.workers:
+                        w.drain_inbox()  # including hand-offs from the previous worker's step
+                        if w.stopping:
                             continue
-                        if current.scheduler.num_ready:
-                            current._step()
+                        if w.core.num_ready:
+                            w.step()
                             stepped = True
-                    if all(w._stopping for w in self.workers):
+                    if all(w.stopping for w in self.workers):
                         break
                     if not stepped:
-                        self._wake.wait(timeout=1.0)
+                        self.wake.wait(timeout=1.0)
         except BaseException as e:
             for w in self.workers:
                 w.fail(e)

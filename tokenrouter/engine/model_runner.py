@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -9,22 +10,12 @@ from dataclasses import dataclass
 import torch
 
 from .attention import AttentionBackend, AttentionMetadata, step_context
+from .batch import ScheduledBatch
 from .core_share import use_threads
 from .cuda_graph import DecodeGraphs
 from .model_loader import LoadedModel
-from .sequence import Sequence
 
-
-@dataclass
-class ScheduledBatch:
-    """Sequences to run this step and how many new tokens each contributes; decode rows first."""
-
-    seqs: list[Sequence]
-    num_new: list[int]
-    num_decode: int
-
-    def __len__(self) -> int:
-        return len(self.seqs)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -78,7 +69,25 @@ class ModelRunner:
         self.block_size = block_size
         self.device = loaded.device
         self.capture = HiddenCapture(loaded.model) if capture_hidden else None
-        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/cuda_graph.py), set by the worker
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/cuda_graph.py)
+
+    def capture_graphs(self, max_batch: int, scratch_block: int) -> None:
+        """CUDA graphs of pure-decode steps up to `max_batch` rows, padded onto `scratch_block`
+        (a KV block no request owns). A model whose forward cannot be captured (a host sync in
+        it, as in dynamic RoPE scaling) runs every step eagerly instead, with a warning."""
+        pages = -(-self.loaded.max_model_len // self.block_size)
+        graphs = DecodeGraphs(self.run_model, self.backend, self.device, self.block_size, max_batch, scratch_block, pages)
+        try:
+            graphs.capture()
+        except Exception as e:
+            log.warning("model %r: CUDA graph capture failed, decode steps run eagerly: %s", self.loaded.name, e)
+            return
+        self.graphs = graphs
+
+    @property
+    def graph_sizes(self) -> list[int]:
+        """Decode batch sizes replayed from CUDA graphs (none on CPU, or if capture failed)."""
+        return list(self.graphs.sizes) if self.graphs is not None else []
 
     def _slots(self, block_table: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         bs = self.block_size
@@ -157,7 +166,7 @@ class ModelRunner:
             use_threads(self.threads)
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
         t0 = time.perf_counter()
-        if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):
+        if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):  # graph or eager: ours to choose
             logits, hidden = self.graphs.replay(input_ids, positions, meta)
         else:
             self.backend.plan(meta)

@@ -7,7 +7,7 @@ import time
 from ..outputs import RequestOutput, StreamDelta
 from .detokenizer import IncrementalDetokenizer, StopStringMatcher
 from .sequence import Request
-from .worker import WorkerEvent
+from .events import WorkerEvent
 
 
 class OutputProcessor:

@@ -11,7 +11,7 @@ from collections import deque
 
 import anyio
 
-from .worker import WorkerEvent
+from .events import WorkerEvent
 
 
 class RequestChannel:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 
 from .block_manager import BlockManager
-from .model_runner import ScheduledBatch
+from .batch import ScheduledBatch
 from .sequence import SeqStatus, Sequence
 
 

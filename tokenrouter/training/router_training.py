@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
+from ..policies.routers import RouterConfig, RouterNet, load_router
 from .labels import Labels
-from .routers import RouterConfig, RouterNet, load_router
 
 KINDS = ("r2r", "citer", "collm")
 DEFAULT_RECALL = 0.95
@@ -37,9 +37,9 @@ COMPARISON = {"r2r": "p >= threshold", "collm": "p > threshold", "citer": "confi
 
 
 def _policy_class(kind: str):
-    from .citer import CITER
-    from .collm import CoLLM
-    from .r2r import R2R
+    from ..policies.citer import CITER
+    from ..policies.collm import CoLLM
+    from ..policies.r2r import R2R
 
     return {"r2r": R2R, "citer": CITER, "collm": CoLLM}[kind]
 

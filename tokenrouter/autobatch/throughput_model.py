@@ -295,7 +295,7 @@ def stationary(P: np.ndarray) -> np.ndarray:
     return x / x.sum()
 
 
-class _Pair:
+class TwoModelChain:
     """The chain for two models at one concurrency: everything that does not depend on B."""
 
     def __init__(self, names, latency, routing, concurrency, batch_wait_s, max_batch, sigma, turns=False):
@@ -479,7 +479,7 @@ def transition_matrix(
     names = _names(latency, routing)
     if len(names) != 2:
         raise ValueError("the chain is built for two models")
-    pair = _Pair(names, latency, routing, _check_c(concurrency), batch_wait_s, max_batch, shared_device)
+    pair = TwoModelChain(names, latency, routing, _check_c(concurrency), batch_wait_s, max_batch, shared_device)
     B = [int((batch_min or {}).get(m, 1)) for m in names]
     T, _ = pair.periods(B)
     finite = np.concatenate([t[np.isfinite(t)] for t in T])
@@ -516,7 +516,7 @@ def candidate_bs(limit: int) -> list[int]:
     return sorted(out)
 
 
-def _prediction(pair: _Pair, B, X, pi, T, routing, latency, baseline, bound, note) -> ThroughputPrediction:
+def _prediction(pair: TwoModelChain, B, X, pi, T, routing, latency, baseline, bound, note) -> ThroughputPrediction:
     names = pair.names
     step_s = {}
     mean_requests = {}
@@ -586,7 +586,7 @@ def predict(
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, None)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
+    pair = TwoModelChain(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
     B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
     X, pi, T = pair.evaluate(B)
     X1 = X if B == [1, 1] else pair.evaluate([1, 1])[0]
@@ -631,7 +631,7 @@ def choose_b(
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, latency_bound_s)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = _Pair(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
+    pair = TwoModelChain(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
     X1, pi1, T1 = pair.evaluate([1, 1])
     if batch_wait_s <= 0:
         return _prediction(

@@ -5,8 +5,8 @@ hands off, how many of its tokens are kept, how long catch-ups are) and on how m
 in flight, and both drift with the traffic. So a thread watches the workers' routing counters
 and the requests in flight, decays what it saw (recent traffic weighs most), and every
 `auto_batching_interval_s` re-picks B per model with the throughput model in
-`tokenrouter/throughput.py` (`choose_b`) from each model's step-latency profile
-(`engine/latency_profile.py`), then sets it on the workers. B stays 1 until it has seen enough
+`autobatch/throughput_model.py` (`choose_b`) from each model's step-latency profile
+(`autobatch/latency_profile.py`), then sets it on the workers. B stays 1 until it has seen enough
 tokens. The `Engine` builds one for `delayed_batching="auto"` and only delegates to it.
 """
 
@@ -22,28 +22,29 @@ from typing import TYPE_CHECKING, Protocol
 
 import anyio
 
-from ..throughput import RoutingStats, TableLatency, ThroughputPrediction, choose_b
 from . import latency_profile
 from .latency_profile import LatencyProfile
+from .throughput_model import RoutingStats, TableLatency, ThroughputPrediction, choose_b
 
 if TYPE_CHECKING:
     from ..config import ModelSpec
     from ..policies import Policy
-    from .model_loader import LoadedModel
-    from .worker import Worker
+    from ..engine.model_loader import LoadedModel
+    from ..engine.worker_thread import WorkerThread
 
 log = logging.getLogger(__name__)
 
 
-async def profile_workers(workers: Mapping[str, Worker], refresh: bool = False) -> dict[str, LatencyProfile]:
+async def profile_workers(workers: Mapping[str, WorkerThread], refresh: bool = False) -> dict[str, LatencyProfile]:
     """Each worker's step-latency profile: from the cache under the store home, else measured now in
     the worker's own thread, between its steps, one model at a time, and cached."""
     out: dict[str, LatencyProfile] = {}
     for name, worker in workers.items():
-        info = latency_profile.profile_info(worker)
+        info = latency_profile.profile_info(worker.core)
         prof = None if refresh else latency_profile.load_cached(info)
         if prof is None:
-            prof = await anyio.to_thread.run_sync(worker.profile().result)
+            future = worker.call(lambda core: latency_profile.measure(core))  # looked up now: tests swap it
+            prof = await anyio.to_thread.run_sync(future.result)
             try:
                 latency_profile.save(prof)
             except OSError as e:
@@ -81,7 +82,7 @@ class AutoBatching:
         specs: Mapping[str, ModelSpec],
         batch_wait_s: float,
         settings: AutoBatchingSettings,
-        workers: Callable[[], Mapping[str, Worker]],
+        workers: Callable[[], Mapping[str, WorkerThread]],
         loaded: Callable[[], Mapping[str, LoadedModel]],
         profiles: Callable[[], Mapping[str, LatencyProfile]],
         in_flight: Callable[[], int],
@@ -209,7 +210,7 @@ class AutoBatching:
             except AttributeError:
                 cores = os.cpu_count() or 1
             workers = self._workers()
-            threads = sum(workers[m].torch_threads or 1 for m in names)
+            threads = sum(workers[m].core.torch_threads or 1 for m in names)
             return min(1.0, max(0.0, threads / cores - 1.0))
         return 1.0
 

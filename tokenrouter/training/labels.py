@@ -43,8 +43,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 from ..jsonl import read_records
-from .base import normalized_entropy
-from .routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
+from ..policies.base import normalized_entropy
+from ..policies.routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
 
 LABELS_FILE = "labels.safetensors"
 META_FILE = "labels.json"
@@ -186,7 +186,7 @@ def generate_responses(
 
     from ..api import Engine
     from ..config import ModelSpec, SamplingParams
-    from .single import Single
+    from ..policies.single import Single
 
     todo = [i for i, e in enumerate(examples) if e.get("response") is None]
     out = [dict(e) for e in examples]

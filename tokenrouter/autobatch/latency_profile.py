@@ -1,10 +1,10 @@
 """A worker's step-latency profile: how long a step takes for b decode rows and c catch-up tokens.
 
-`measure(worker)` runs the worker's own `ModelRunner.forward` on synthetic batches: dummy
-sequences whose KV blocks come from (and go back to) the worker's BlockManager, b decode rows of
+`measure(core)` runs a model core's own `ModelRunner.forward` on synthetic batches: dummy
+sequences whose KV blocks come from (and go back to) the core's BlockManager, b decode rows of
 `context` cached tokens each, plus one catch-up row of c new tokens after `context` cached ones
-(a request back from a peer). It must run in the worker's thread, between steps (the worker
-handles a "profile" message; `Engine.profile()` sends it). Each point is the median of a few
+(a request back from a peer). It must run in the thread that steps the core, between steps
+(`WorkerThread.call`; `Engine.profile()` sends it). Each point is the median of a few
 timed runs of forward + reading the sampled tokens back (so a GPU step is waited for).
 
 The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max).
@@ -33,12 +33,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
-from ..throughput import LatencyModel, TableLatency
-from .model_runner import ScheduledBatch
-from .sequence import Request, SeqStatus, Sequence
+from ..engine.batch import ScheduledBatch
+from ..engine.sequence import Request, SeqStatus, Sequence
+from .throughput_model import LatencyModel, TableLatency
 
 if TYPE_CHECKING:
-    from .worker import Worker
+    from ..engine.model_core import ModelCore
 
 log = logging.getLogger(__name__)
 
@@ -107,21 +107,21 @@ class LatencyProfile:
 
 
 # ---- cache -------------------------------------------------------------------------------
-def profile_info(worker: Worker, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_UP_TOKENS, context=CONTEXT) -> dict:
-    """What a profile depends on (the cache key is a hash of it); the worker must be set up."""
-    loaded = worker.loaded
-    assert loaded is not None, "the worker is not set up"
+def profile_info(core: ModelCore, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_UP_TOKENS, context=CONTEXT) -> dict:
+    """What a profile depends on (the cache key is a hash of it); the core must be loaded."""
+    loaded = core.loaded
+    assert loaded is not None, "the model is not loaded"
     return {
-        "model_path": str(Path(worker.spec.path).resolve()),
+        "model_path": str(Path(core.spec.path).resolve()),
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
         "linear_kernel": loaded.linear_kernel,
-        "attention_backend": worker.attention_backend,
-        "cuda_graph_batch_sizes": worker.cuda_graph_sizes,
-        "block_size": worker.spec.block_size,
-        "torch_threads": worker.torch_threads,
-        "max_num_seqs": worker.spec.max_num_seqs,
-        "max_num_batched_tokens": worker.spec.max_num_batched_tokens,
+        "attention_backend": core.attention_backend,
+        "cuda_graph_batch_sizes": core.cuda_graph_sizes,
+        "block_size": core.spec.block_size,
+        "torch_threads": core.torch_threads,
+        "max_num_seqs": core.spec.max_num_seqs,
+        "max_num_batched_tokens": core.spec.max_num_batched_tokens,
         "batch_sizes": list(batch_sizes),
         "catch_up_tokens": list(catch_up_tokens),
         "context": context,
@@ -210,22 +210,21 @@ def _grid(batch_sizes, catch_up_tokens, max_b: int, budget: int) -> list[tuple[i
 
 
 def measure(
-    worker: Worker,
+    core: ModelCore,
     batch_sizes=BATCH_SIZES,
     catch_up_tokens=CATCH_UP_TOKENS,
     repeats: int = REPEATS,
     context: int = CONTEXT,
 ) -> LatencyProfile:
-    """Time the worker's forward on synthetic batches. Runs in the worker's thread, between steps."""
-    if threading.current_thread() is not worker._thread:
-        raise RuntimeError(f"measure() must run in worker {worker.name!r}'s thread (post a 'profile' message)")
-    info = profile_info(worker, batch_sizes, catch_up_tokens, context)
-    spec, blocks, loaded = worker.spec, worker.blocks, worker.loaded
+    """Time the core's forward on synthetic batches. Runs in the thread that steps the core,
+    between steps (`WorkerThread.call`)."""
+    info = profile_info(core, batch_sizes, catch_up_tokens, context)
+    spec, blocks, loaded = core.spec, core.blocks, core.loaded
     assert loaded is not None
     budget = spec.max_num_batched_tokens
     points = _grid(batch_sizes, catch_up_tokens, spec.max_num_seqs, budget)
     if not points:
-        raise RuntimeError(f"model {worker.name!r}: no profile point fits max_num_batched_tokens={budget}")
+        raise RuntimeError(f"model {core.name!r}: no profile point fits max_num_batched_tokens={budget}")
     c_max = max(c for _, c in points)
     ctx = max(1, min(context, loaded.max_model_len - c_max - 2))
 
@@ -238,7 +237,7 @@ def measure(
         b_top = max(b for b, _ in points)
         points = [(b, c) for b, c in points if b < b_top]
     if not points:
-        raise RuntimeError(f"model {worker.name!r}: not enough free KV blocks to profile ({blocks.num_free} free)")
+        raise RuntimeError(f"model {core.name!r}: not enough free KV blocks to profile ({blocks.num_free} free)")
     b_max = max(b for b, _ in points)
 
     vocab = loaded.vocab_size
@@ -249,7 +248,7 @@ def measure(
         req = Request(f"__profile_{i}", ids, params, seed=0, stop_token_ids=frozenset(), max_tokens=1)
         seq = Sequence(req, token_ids=list(ids), status=SeqStatus.RUNNING)
         if not blocks.grow(seq, length):
-            raise RuntimeError(f"model {worker.name!r}: KV blocks ran out while profiling")
+            raise RuntimeError(f"model {core.name!r}: KV blocks ran out while profiling")
         seq.num_computed = ctx
         return seq
 
@@ -273,7 +272,7 @@ def measure(
                 num_new = num_new + [c]
             batch = ScheduledBatch(seqs=rows, num_new=num_new, num_decode=b)
             t0 = time.perf_counter()
-            out = worker.runner.forward(batch)
+            out = core.runner.forward(batch)
             out.logits.argmax(dim=-1).tolist()  # waits for the device, like a real step's sampling
             return time.perf_counter() - t0
 
@@ -287,7 +286,7 @@ def measure(
         for seq in seqs:
             blocks.free(seq)
     return LatencyProfile(
-        model=worker.name,
+        model=core.name,
         key=profile_key(info),
         info=info,
         points=measured,
