@@ -44,7 +44,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     latency_profile.REPEATS = args.repeats
-    demo = {role: store.resolve(store.DEFAULT_MODELS[role]) for role in args.models}
+    demo = {role: store.locate_model(store.DEFAULT_MODELS[role]) for role in args.models}
     rows, raw = [], []
     with tempfile.TemporaryDirectory() as home:
         os.environ["TOKENROUTER_HOME"] = home  # profiles go here; the models are read by path

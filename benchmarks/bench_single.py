@@ -179,10 +179,7 @@ def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[i
     prompts = []
 
     def encode(text: str) -> list[int]:
-        ids = tokenizer.apply_chat_template(
-            [{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True, return_dict=False
-        )
-        return list(ids)
+        return chat_ids(tokenizer, [{"role": "user", "content": text}])
 
     for _ in range(n):
         target = rng.randint(lo, hi)

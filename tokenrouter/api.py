@@ -48,13 +48,18 @@ def _default_models(policy: Policy) -> dict[str, ModelSpec]:
             f"models: not given, and the default demo pair only provides {sorted(store.DEFAULT_MODELS)}, "
             f"while the policy names {unknown}"
         )
-    missing = [store.DEFAULT_MODELS[m] for m in policy.models if not store.is_pulled(store.DEFAULT_MODELS[m])]
+    paths, missing = {}, []
+    for m in policy.models:
+        try:
+            paths[m] = store.locate_model(store.DEFAULT_MODELS[m])
+        except ModelLoadError:
+            missing.append(store.DEFAULT_MODELS[m])
     if missing:
         raise ModelLoadError(
             f"models: not given, so the engine serves the demo pair, but {missing} is not in the store at "
             f"{store.home_dir()}; fetch it with `{store.pull_command('demo')}` (or pass models=...)"
         )
-    return {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m])) for m in policy.models}
+    return {m: ModelSpec(path=path) for m, path in paths.items()}
 
 
 @dataclass

@@ -438,18 +438,12 @@ def _policy(args):
 
 def _model_path(name: str, where: str, pull: bool) -> Path:
     """A path, or a store name (fetched now unless --no-pull)."""
-    path = Path(where).expanduser()
-    if path.exists():
-        return path
-    if where in store.MODELS:
-        if store.is_pulled(where):
-            return store.model_dir(where)
-        if not pull:
-            raise UsageError(f"model {where!r} is not in the store; fetch it with `{store.pull_command(where)}`")
-        return store.ensure_model(where)
-    raise UsageError(
-        f"--model {name}={where}: no such file or directory, and not a store model ({', '.join(store.MODELS)})"
-    )
+    from .errors import ModelNotFoundError
+
+    try:
+        return store.locate_model(where, pull=pull)
+    except ModelNotFoundError as e:
+        raise UsageError(f"--model {name}={e.where}: {e.reason}") from None
 
 
 def _model_paths(args, policy) -> dict[str, Path]:

@@ -134,9 +134,9 @@ class ModelSpec(BaseModel):
         from . import store
         from .errors import ModelLoadError
 
-        if isinstance(v, (str, Path)) and str(v) in store.MODELS and not Path(v).exists():
+        if isinstance(v, (str, Path)) and str(v) in store.MODELS:
             try:
-                return store.resolve(str(v))
+                return store.locate_model(v)
             except ModelLoadError as e:  # pydantic reports a ValueError with the field name
                 raise ValueError(str(e)) from None
         return v

@@ -17,6 +17,15 @@ class ModelLoadError(TokenRouterError, ValueError):
     """A model could not be found or loaded (missing weights, unsupported architecture, ...)."""
 
 
+class ModelNotFoundError(ModelLoadError):
+    """A model argument is neither a path that exists nor a fetched store model."""
+
+    def __init__(self, where: str, reason: str):
+        super().__init__(f"{where}: {reason}")
+        self.where = where
+        self.reason = reason
+
+
 class ConfigError(TokenRouterError, ValueError):
     """The engine's configuration is inconsistent (unknown model names in a policy, ...)."""
 

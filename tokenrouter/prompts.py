@@ -41,6 +41,14 @@ def _check_messages(messages: Sequence[ChatMessage]) -> None:
             _check_text(f"prompt[{i}].content", content)
 
 
+def chat_ids(tokenizer, messages: Sequence[Mapping]) -> list[int]:
+    """Chat messages rendered by the tokenizer's chat template, with the generation prompt: the
+    one way every part of the package turns a conversation into token ids."""
+    return [int(i) for i in tokenizer.apply_chat_template(
+        list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+    )]  # fmt: skip
+
+
 def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int) -> list[int]:
     """Token ids for a string, a list of token ids, or a list of chat messages.
 
@@ -65,10 +73,7 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int
             _check_messages(prompt)  # names the first message that is not a dict
             if getattr(tokenizer, "chat_template", None) is None:
                 raise InvalidRequestError("prompt", "chat messages need a chat template, and this tokenizer has none")
-            ids = tokenizer.apply_chat_template(
-                list(prompt), add_generation_prompt=True, tokenize=True, return_dict=False
-            )
-            ids = list(ids)
+            ids = chat_ids(tokenizer, prompt)
         else:
             i, t = next((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, int))
             raise InvalidRequestError(

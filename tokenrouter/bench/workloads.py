@@ -28,7 +28,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from ..jsonl import read_records
-from ..prompts import CHAT_ROLES
+from ..prompts import CHAT_ROLES, chat_ids
 
 BUILT_IN = ("short", "long", "agentic")
 SIZE_NAMES = ("cpu", "gpu")
@@ -181,8 +181,7 @@ EXAMPLE = {"coding": "Test it on these numbers: {}", "maths": "Then do the same 
 
 
 def _chat_tokens(tokenizer, messages: Sequence[Mapping]) -> int:
-    ids = tokenizer.apply_chat_template(list(messages), add_generation_prompt=True, tokenize=True, return_dict=False)
-    return len(ids)
+    return len(chat_ids(tokenizer, messages))
 
 
 def _user_tokens(tokenizer, text: str) -> int:

@@ -50,7 +50,7 @@ def resolve_dtype(spec: ModelSpec, config) -> torch.dtype:
     return stored if isinstance(stored, torch.dtype) and stored.is_floating_point else torch.bfloat16
 
 
-def _locate(path: Path) -> tuple[Path, str | None]:
+def locate_checkpoint(path: Path) -> tuple[Path, str | None]:
     """(directory, gguf file name or None) for a model path."""
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
@@ -71,7 +71,7 @@ def _locate(path: Path) -> tuple[Path, str | None]:
 def load_tokenizer(spec: ModelSpec):
     from transformers import AutoTokenizer
 
-    directory, gguf = _locate(Path(spec.path))
+    directory, gguf = locate_checkpoint(Path(spec.path))
     try:
         if spec.tokenizer is not None:
             return AutoTokenizer.from_pretrained(spec.tokenizer, local_files_only=True)
@@ -84,7 +84,7 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention.register()
-    directory, gguf = _locate(Path(spec.path))
+    directory, gguf = locate_checkpoint(Path(spec.path))
     try:
         config = AutoConfig.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
     except (OSError, ValueError) as e:

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Literal
 
@@ -26,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from torch import nn
 
 from ..errors import ConfigError
+from ..files import atomic_path, write_text_atomic
 
 RouterKind = Literal["citer", "r2r", "collm"]
 R2R_TOP_K = 100
@@ -127,19 +127,11 @@ def save_router(net: RouterNet, directory: str | Path) -> Path:
     from safetensors.torch import save_file
 
     out = Path(directory)
-    out.mkdir(parents=True, exist_ok=True)
     state = {k: v.detach().cpu().contiguous() for k, v in net.state_dict().items()}
-    save_file(state, out / WEIGHTS_FILE, metadata={"format": "pt", "kind": net.config.kind})
-    (out / CONFIG_FILE).write_text(net.config.model_dump_json(indent=2) + "\n")
-    for f in (out / WEIGHTS_FILE, out / CONFIG_FILE):
-        os.chmod(f, 0o666 & ~_umask())  # safetensors may write 0600
+    with atomic_path(out / WEIGHTS_FILE) as tmp:
+        save_file(state, tmp, metadata={"format": "pt", "kind": net.config.kind})
+    write_text_atomic(out / CONFIG_FILE, net.config.model_dump_json(indent=2) + "\n")
     return out
-
-
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
 
 
 def read_saved(directory: str | Path, what: str, meta_file: str, tensors_file: str, meta_model, hint: str):

@@ -42,9 +42,11 @@ import torch
 from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
+from ..files import atomic_path, write_text_atomic
 from ..jsonl import read_records
 from ..policies.base import normalized_entropy
 from ..policies.routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
+from ..prompts import chat_ids
 
 LABELS_FILE = "labels.safetensors"
 META_FILE = "labels.json"
@@ -327,17 +329,10 @@ class Labels:
         """Write `labels.safetensors` and `labels.json` into `directory` (created if needed)."""
         from safetensors.torch import save_file
 
-        from ..store import _publish_mode
-
         out = Path(directory)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = out / (LABELS_FILE + ".tmp")
-        save_file({k: v.contiguous() for k, v in self.tensors().items()}, tmp, metadata={"format": FORMAT})
-        _publish_mode(tmp)  # safetensors writes 0600; labels are ordinary files
-        os.replace(tmp, out / LABELS_FILE)
-        tmp = out / (META_FILE + ".tmp")
-        tmp.write_text(self.meta().model_dump_json(indent=2) + "\n")
-        os.replace(tmp, out / META_FILE)
+        with atomic_path(out / LABELS_FILE) as tmp:
+            save_file({k: v.contiguous() for k, v in self.tensors().items()}, tmp, metadata={"format": FORMAT})
+        write_text_atomic(out / META_FILE, self.meta().model_dump_json(indent=2) + "\n")
         return out
 
     @classmethod
@@ -406,17 +401,12 @@ def summary(labels: Labels) -> dict:
 def _resolve(name: str, where) -> Path:
     """A path, or a store name (already pulled; `tokenrouter label` pulls it first)."""
     from .. import store
-    from ..errors import ModelLoadError
+    from ..errors import ModelNotFoundError
 
-    path = Path(where).expanduser()
-    if path.exists():
-        return path
-    if str(where) in store.MODELS:
-        try:
-            return store.resolve(str(where))
-        except ModelLoadError as e:
-            raise ConfigError(f"label: model {name}: {e}") from None
-    raise ConfigError(f"label: model {name}={where}: no such file or directory, and not a store model")
+    try:
+        return store.locate_model(where)
+    except ModelNotFoundError as e:
+        raise ConfigError(f"label: model {name}={e.where}: {e.reason}") from None
 
 
 def _load_tokenizer(path: Path):
@@ -429,10 +419,10 @@ def _load_tokenizer(path: Path):
 def _load_model(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from ..engine.model_loader import _locate
+    from ..engine.model_loader import locate_checkpoint
     from ..errors import ModelLoadError
 
-    directory, gguf = _locate(path)
+    directory, gguf = locate_checkpoint(path)
     try:
         model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
@@ -446,8 +436,7 @@ def encode_example(tokenizer, example: Mapping, max_tokens: int | None) -> tuple
     prompt = example["prompt"]
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     if getattr(tokenizer, "chat_template", None):
-        ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False)
-        prompt_ids = list(ids)
+        prompt_ids = chat_ids(tokenizer, messages)
     elif isinstance(prompt, str):
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
     else:

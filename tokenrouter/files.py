@@ -1,0 +1,50 @@
+"""Files the package writes for others to read (store models, latency profiles, labels, routers,
+evaluation data): whole or not at all, and with the user's usual permissions.
+
+A reader never sees half a file: each is written under a temporary name beside its target and
+renamed over it only once complete. Temporary files are made 0600 (mkstemp) and safetensors may
+write 0600 too, so a published file gets the mode the umask gives an ordinary file.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+
+def umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def publish_mode(path: Path) -> None:
+    """The umask-based mode of an ordinary file or directory (not mkstemp's 0600 / mkdtemp's 0700)."""
+    os.chmod(path, (0o777 if Path(path).is_dir() else 0o666) & ~umask())
+
+
+@contextmanager
+def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
+    """A temporary path beside `path` for the block to write; renamed over `path`, with the usual
+    mode, if the block ends without an error, else removed."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    os.close(fd)
+    tmp = Path(name)
+    try:
+        yield tmp
+        publish_mode(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+    return Path(path)
