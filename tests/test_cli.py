@@ -158,7 +158,7 @@ def test_generate_prints_plain_text_then_the_summary(capsys, tiny_pair):
 
 
 def test_generate_colours_each_models_tokens_on_a_terminal(capsys, tiny_pair, monkeypatch):
-    monkeypatch.setattr(cli, "_use_colour", lambda args: True)
+    monkeypatch.setattr(cli.output, "use_colour", lambda args: True)
     argv = ["generate", "def add(a, b):", "--max-tokens", "16", "--json", *pair_args(tiny_pair)]
     _, out, _ = run_cli(argv, capsys)
     record = json.loads(out)  # --json is never coloured

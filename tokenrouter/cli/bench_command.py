@@ -1,0 +1,212 @@
+"""`tokenrouter bench`: routed serving against standard serving, lockstep and each model alone."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .arguments import UsageError, add_routing_options, positive_int, positive_seconds
+from .engine_setup import device_from_arg, model_paths, policy_from_args
+from .output import status
+
+
+def add_parsers(sub) -> None:
+    """`tokenrouter bench`: workloads, runs, and the models and policy as for generate."""
+    from ..bench.systems import SYSTEMS
+    from ..bench.workloads import BUILT_IN, SIZES
+
+    def sizes(name: str) -> str:
+        return ", ".join(f"{k} {v.max_tokens}" for k, v in SIZES[name].items() if k != "tiny")
+
+    b = sub.add_parser(
+        "bench", help="benchmark routed serving against standard serving and lockstep",
+        description="Run the same models, prompts, concurrency levels and KV budget through four serving "
+        "systems built from the same workers: routed (this engine), standard (every hand-off re-sent as a new "
+        "request with the whole sequence), standard+pc (the same with prefix caching) and lockstep (one loop "
+        "steps each model in turn). Workloads: short (short reasoning), long (long reasoning) and agentic "
+        "(multi-turn sessions over a long shared history), generated from --seed, or your own prompts "
+        "(--prompts). Each (workload, C, system) gets a fresh engine, a warm-up request and --repeats measured "
+        "runs of a closed loop keeping C requests (or agentic sessions) in flight, greedy with EOS ignored. "
+        "Prints one line per run on stderr and a table per workload on stdout, and writes results.json, "
+        "results.md and plot.png to --out.",
+        epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 3, one run each, "
+        "one engine per system: under 4 minutes on the demo pair on 2 cores).",
+    )  # fmt: skip
+    w = b.add_argument_group("workloads")
+    w.add_argument(
+        "--workload", nargs="+", choices=BUILT_IN, default=None, metavar="NAME",
+        help="which built-in workloads to run: short, long, agentic (default: all three, or none with --prompts)",
+    )  # fmt: skip
+    w.add_argument(
+        "--prompts", metavar="FILE.jsonl", default=None,
+        help='your own prompts: JSON Lines, one {"prompt": text} or {"messages": [chat messages]} per line, '
+        'with an optional "max_tokens"; each level takes the first --requests lines, cycled',
+    )  # fmt: skip
+    w.add_argument(
+        "--size", choices=("cpu", "gpu"), default=None,
+        help="workload sizes: gpu is the real one, cpu is scaled down for a small CPU box (default: gpu with "
+        f"CUDA, else cpu). Max output tokens: short {sizes('short')}; long {sizes('long')}; agentic per turn "
+        f"{sizes('agentic')}, after a history of {SIZES['agentic']['gpu'].history_tokens} (gpu) or "
+        f"{SIZES['agentic']['cpu'].history_tokens} (cpu) tokens, {SIZES['agentic']['gpu'].turns} or "
+        f"{SIZES['agentic']['cpu'].turns} turns",
+    )  # fmt: skip
+    w.add_argument(
+        "--max-tokens", type=positive_int, default=None, metavar="N",
+        help="override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
+        "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
+    )  # fmt: skip
+    w.add_argument("--history-tokens", type=positive_int, default=None, metavar="N",
+                   help="override the agentic history's size, in tokens")  # fmt: skip
+    w.add_argument(
+        "--turns", type=positive_int, default=None, metavar="N", help="override the agentic turns per session"
+    )
+    w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
+    r = b.add_argument_group("runs")
+    r.add_argument(
+        "--systems", nargs="+", choices=list(SYSTEMS), default=None, metavar="SYSTEM",
+        help=f"which systems to run: {', '.join(SYSTEMS)} (default: all four)",
+    )  # fmt: skip
+    r.add_argument(
+        "--concurrency", nargs="+", type=positive_int, default=None, metavar="C",
+        help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 3)",
+    )  # fmt: skip
+    r.add_argument(
+        "--repeats", type=positive_int, default=None, metavar="N",
+        help="measured runs per level, each on a fresh engine; the table shows medians (default 2)",
+    )  # fmt: skip
+    r.add_argument(
+        "--requests", type=positive_int, default=None, metavar="N",
+        help="requests (agentic: sessions) per level (default max(2, C); --quick: C)",
+    )  # fmt: skip
+    r.add_argument(
+        "--max-run-s", type=positive_seconds, default=None, metavar="S",
+        help="cap each run's wall time: in-flight requests are cancelled, throughput is over the time it ran, "
+        "latencies are of the requests that completed, and the table marks the run with a dagger",
+    )  # fmt: skip
+    r.add_argument(
+        "--kv-cache-tokens", type=positive_int, default=None, metavar="N",
+        help="KV cache budget per model, in tokens, the same for every system (default: enough for every "
+        "request of the largest level at once, at least 8192)",
+    )  # fmt: skip
+    r.add_argument(
+        "--threads", type=positive_int, default=None, metavar="N",
+        help="torch threads per worker of routed and standard, stepping at once (default: on CPU their "
+        "workers take turns, each step on every core)",
+    )  # fmt: skip
+    r.add_argument(
+        "--threads-lockstep", type=positive_int, default=None, metavar="N",
+        help="torch threads of lockstep's one stepping thread (default: every core)",
+    )  # fmt: skip
+    r.add_argument(
+        "--reuse-engines", action="store_true",
+        help="load one engine per system and reuse it for all its runs, forgetting its prefix cache before "
+        "each run (as cold as a fresh engine, minutes faster on real models; --quick sets it)",
+    )  # fmt: skip
+    r.add_argument("--device", default=None, help="torch device of the models (default: cuda if available, else cpu)")
+    r.add_argument(
+        "--dtype", choices=("auto", "float32", "float64", "bfloat16", "float16"), default="auto",
+        help="the models' compute dtype (default auto: float32 on CPU, the checkpoint's on GPU)",
+    )  # fmt: skip
+    r.add_argument(
+        "--out", metavar="DIR", default=None,
+        help="directory for results.json, results.md and plot.png (default bench_out/<date>-<time>)",
+    )  # fmt: skip
+    r.add_argument(
+        "--quick", action="store_true",
+        help="the smallest meaningful run: all three workloads at tiny sizes (30-50-token prompts, at most 4 "
+        "(short) or 6 (long) output tokens; agentic: a 48-token history, 2 turns of 4 tokens), C = 1 and 3 with "
+        "C requests each, one repeat, all four systems, one engine per system; flags given explicitly still apply",
+    )  # fmt: skip
+    add_routing_options(b.add_argument_group("models and routing"))
+    b.set_defaults(run=run)
+
+
+def run(args, argv) -> int:
+    import torch
+
+    from .serve import quiet_transformers
+
+    quiet_transformers()
+    torch.set_num_threads(1)  # the caller's thread only waits; workers set their own threads
+    return bench(args, argv)
+
+
+def bench_config(args):
+    """Check every bench argument and build the harness's configuration (nothing loaded yet)."""
+    import torch
+
+    from ..bench.harness import BenchConfig
+    from ..bench.systems import SYSTEMS
+    from ..bench.workloads import BUILT_IN, read_prompts, workload
+    from ..errors import ConfigError
+
+    args.device = device_from_arg(args.device)
+    device = torch.device(args.device)
+    size = "tiny" if args.quick and args.size is None else args.size or ("gpu" if device.type == "cuda" else "cpu")
+    names = list(dict.fromkeys(args.workload or ([] if args.prompts else BUILT_IN)))
+    for flag, value in (("--history-tokens", args.history_tokens), ("--turns", args.turns)):
+        if value is not None and "agentic" not in names:
+            raise UsageError(f"{flag} is only for the agentic workload, which this run does not include")
+    specs = [
+        workload(n, size, max_tokens=args.max_tokens, history_tokens=args.history_tokens if n == "agentic" else None,
+                 turns=args.turns if n == "agentic" else None)
+        for n in names
+    ]  # fmt: skip
+    if args.prompts is not None:
+        default = args.max_tokens or workload("short", size).sizes.max_tokens
+        try:
+            specs.append(read_prompts(args.prompts, default))
+        except ConfigError as e:
+            raise UsageError(f"--prompts: {e}") from None
+    if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
+        raise UsageError(f"--out {args.out}: exists and is not a directory")
+    policy = policy_from_args(args)
+    models = model_paths(args, policy)
+    return BenchConfig(
+        models=models,
+        policy=policy,
+        workloads=specs,
+        systems=list(dict.fromkeys(args.systems or SYSTEMS)),
+        concurrency=sorted(set(args.concurrency or ([1, 3] if args.quick else [1, 4, 16]))),
+        repeats=args.repeats or (1 if args.quick else 2),
+        requests=args.requests,
+        min_requests=1 if args.quick else 2,
+        kv_cache_tokens=args.kv_cache_tokens,
+        threads=args.threads,
+        threads_lockstep=args.threads_lockstep,
+        max_run_s=args.max_run_s,
+        reuse_engines=args.reuse_engines or args.quick,
+        seed=args.seed,
+        device=args.device,
+        dtype=args.dtype,
+        warmup_tokens=2 if args.quick else 8,
+    )
+
+
+def bench(args, argv: Sequence[str] | None) -> int:
+    import shlex
+
+    import anyio
+
+    from ..bench.harness import run_bench
+    from ..bench.report import markdown, write_report
+    from ..config import ModelSpec
+    from ..engine.model_loader import load_tokenizer
+
+    cfg = bench_config(args)
+    out_dir = Path(args.out or Path("bench_out") / time.strftime("%Y%m%d-%H%M%S"))
+    entry = cfg.policy.entry_model
+    tokenizer = load_tokenizer(ModelSpec(path=cfg.models[entry]))
+    command = shlex.join(["tokenrouter", *(sys.argv[1:] if argv is None else argv)])
+    result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=status))
+    written, notes = write_report(result, out_dir)
+    print(markdown(result), end="")
+    for line in result.warnings:
+        status(f"warning: {line}")
+    for line in notes:
+        status(line)
+    status(f"wrote {', '.join(p.name for p in written.values())} to {out_dir} in {result.wall_s:.0f} s")
+    return 0
+

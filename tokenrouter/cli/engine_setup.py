@@ -1,0 +1,125 @@
+"""From command-line arguments to what runs: the policy, where each model is, the device, the
+sampling parameters and the engine (generate, chat, bench and eval share these)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .. import store
+from .arguments import LEARNED, UsageError
+
+
+def policy_from_args(args):
+    from ..policies import CITER, R2R, CoLLM, Escalation, RStitch, Single
+
+    if args.policy not in LEARNED:
+        for flag, value in (("--router", args.router), ("--threshold", args.threshold)):
+            if value is not None:
+                raise UsageError(f"{flag} is only for --policy citer, r2r or collm")
+    if args.taus is not None and args.policy != "escalation":
+        raise UsageError("--taus is only for --policy escalation")
+    if args.policy in LEARNED:
+        if args.router is None:
+            raise UsageError(
+                f"--policy {args.policy} needs --router DIR, a router trained for the pair by "
+                f"`tokenrouter train-router --policy {args.policy}`"
+            )
+        if args.threshold is not None and not 0.0 <= args.threshold <= 1.0:
+            raise UsageError(f"--threshold must be in [0, 1], got {args.threshold}")
+        cls = {"citer": CITER, "r2r": R2R, "collm": CoLLM}[args.policy]
+        return cls(Path(args.router).expanduser(), threshold=args.threshold)
+    if args.policy == "escalation":
+        names = [n for n, _ in args.model]
+        if len(names) < 2:
+            raise UsageError("--policy escalation needs two or more --model NAME=PATH, smallest first")
+        taus = args.taus
+        if taus is None:
+            if not 0.0 <= args.tau <= 1.0:
+                raise UsageError(f"--tau must be in [0, 1], got {args.tau}")
+            taus = [args.tau] * (len(names) - 1)
+        if len(taus) != len(names) - 1:
+            raise UsageError(
+                f"--taus: give one per model but the largest ({len(names) - 1} for {len(names)} models), got {len(taus)}"
+            )
+        if len(set(names)) != len(names):
+            raise UsageError("--model: each NAME may be given once")
+        return Escalation(models=names, taus=taus)
+    if args.policy == "rstitch":
+        if not 0.0 <= args.tau <= 1.0:
+            raise UsageError(f"--tau must be in [0, 1], got {args.tau}")
+        return RStitch(tau=args.tau)
+    if len(args.model) != 1:
+        raise UsageError("--policy single needs exactly one --model NAME=PATH, e.g. --model m=qwen-coder-1.5b")
+    return Single(args.model[0][0])
+
+
+def model_path(name: str, where: str, pull: bool) -> Path:
+    """A path, or a store name (fetched now unless --no-pull)."""
+    from ..errors import ModelNotFoundError
+
+    try:
+        return store.locate_model(where, pull=pull)
+    except ModelNotFoundError as e:
+        raise UsageError(f"--model {name}={e.where}: {e.reason}") from None
+
+
+def model_paths(args, policy) -> dict[str, Path]:
+    """Where each of the policy's models is: --model, else the demo pair (fetched unless --no-pull)."""
+    given = dict(args.model)
+    if len(given) != len(args.model):
+        raise UsageError("--model: each NAME may be given once")
+    unknown = sorted(set(given) - set(policy.models))
+    if unknown:
+        raise UsageError(f"--model {unknown[0]}=...: the {args.policy} policy names its models {policy.models}")
+    where = {m: given.get(m) or store.DEFAULT_MODELS.get(m) for m in policy.models}
+    return {m: model_path(m, w, not args.no_pull) for m, w in where.items()}
+
+
+def device_from_arg(arg: str | None) -> str:
+    """--device checked: a torch device this machine has; None means cuda if available, else cpu."""
+    import torch
+
+    if arg is None:
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    try:
+        device = torch.device(arg)
+    except (RuntimeError, ValueError):
+        raise UsageError(f"--device: not a torch device: {arg!r}") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"--device {arg}: CUDA is not available here")
+    return arg
+
+
+def models_from_args(args, policy) -> dict:
+    from ..config import ModelSpec
+
+    device = device_from_arg(args.device)
+    return {
+        m: ModelSpec(path=p, kv_cache_tokens=args.kv_cache_tokens, device=device)
+        for m, p in model_paths(args, policy).items()
+    }
+
+
+def sampling_from_args(args):
+    from pydantic import ValidationError
+
+    from ..config import SamplingParams
+
+    try:
+        return SamplingParams(
+            max_tokens=args.max_tokens, temperature=args.temperature, top_p=args.top_p, seed=args.seed
+        )
+    except ValidationError as e:
+        err = e.errors()[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-")
+        raise UsageError(f"{flag}: {err['msg']}") from None
+
+
+def engine_from_args(args):
+    from ..api import Engine
+
+    policy = policy_from_args(args)
+    params = sampling_from_args(args)
+    models = models_from_args(args, policy)
+    return Engine(models=models, policy=policy, num_threads=args.threads), params
+
