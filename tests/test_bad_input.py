@@ -386,6 +386,12 @@ ENGINE_REJECTED = [
         + [(v, "number of seconds") for v in ("30", None, True, [30])],
     ),
     *_bad_values("mode", [(v, "must be 'routed', 'standard' or 'lockstep'") for v in ("fast", "", "ROUTED", None, 0)]),
+    *_bad_values("auto_batching", [(v, "must be AutoBatchingOptions or a dict") for v in (1, "fast", [1.0])]),
+    *_bad_values(
+        "auto_batching",
+        [({"interval_s": 0}, "greater than 0"), ({"interval_s": "1"}, "valid number"), ({"shared_device": 2.0}, "less than or equal to 1"),
+         ({"latency_bound_s": -1.0}, "greater than 0"), ({"typo": 1.0}, "Extra inputs")],
+    ),
 ]
 
 ENGINE_ACCEPTED = [
@@ -404,6 +410,8 @@ ENGINE_ACCEPTED = [
     ("stop_timeout=1e-3", {"models": ONE, "stop_timeout": 1e-3}),
     ("stop_timeout=1", {"models": ONE, "stop_timeout": 1}),
     *[(f"mode={v}", {"models": ONE, "mode": v}) for v in ("routed", "standard", "lockstep")],
+    ("auto_batching=None", {"models": ONE, "auto_batching": None}),
+    ("auto_batching=dict", {"models": ONE, "delayed_batching": "auto", "auto_batching": {"interval_s": 0.5}}),
 ]
 
 

@@ -11,7 +11,7 @@ import anyio
 import numpy as np
 import pytest
 
-from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
+from tokenrouter import AutoBatchingOptions, ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.autobatch import latency_profile
 from tokenrouter.policies import RStitch
 from tokenrouter.autobatch.throughput_model import (
@@ -318,7 +318,6 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
 
 def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch, tmp_path, tokenizer):
     monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
-    monkeypatch.setattr(Engine, "auto_batching_interval_s", 0.05)
     policy = RStitch(tau=TINY_PAIR_TAU)
     rng = random.Random(7)
     reqs = [
@@ -330,9 +329,9 @@ def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch
     async def run(delayed_batching):
         outs = {}
         async with Engine(
-            models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching=delayed_batching
+            models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching=delayed_batching,
+            auto_batching=AutoBatchingOptions(interval_s=0.05, shared_device=1.0),  # B may leave 1 when the model says so
         ) as engine:
-            engine.auto_shared_device = 1.0  # let B leave 1 when the model says so
             if delayed_batching == "auto":
                 assert engine.throughput_prediction().tokens_per_s is None  # nothing observed yet
 

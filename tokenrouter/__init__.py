@@ -1,7 +1,7 @@
 """tokenrouter: token-level routing between language models, served in-process."""
 
 from .api import Engine
-from .config import ModelSpec, SamplingParams
+from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
 from .errors import (
     ConfigError,
     EngineNotRunningError,
@@ -13,9 +13,11 @@ from .outputs import RequestOutput, StreamDelta
 from .policies import Policy, RStitch, Single
 
 __all__ = [
+    "AutoBatchingOptions",
     "ConfigError",
     "Engine",
     "EngineNotRunningError",
+    "EngineOptions",
     "InvalidRequestError",
     "ModelLoadError",
     "ModelSpec",

@@ -14,8 +14,9 @@ from typing import Literal
 
 import anyio
 import torch
+from pydantic import ValidationError
 
-from .config import ModelSpec, SamplingParams
+from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
 from .autobatch.controller import AutoBatching, profile_workers
 from .engine.core_share import CoreShare, usable_cores
 from .autobatch.latency_profile import LatencyProfile
@@ -34,6 +35,15 @@ from .prompts import Prompt, encode_prompt
 from .autobatch.throughput_model import ThroughputPrediction
 
 log = logging.getLogger(__name__)
+
+
+def _first_error(e: ValidationError) -> str:
+    """The first error of a validation, as "<argument>: <what is wrong>"."""
+    err = e.errors()[0]
+    if err["type"] == "value_error":  # our own checks name the argument themselves
+        return str(err["ctx"]["error"])
+    where = ".".join(str(x) for x in err["loc"])
+    return f"{where}: {err['msg']}"
 
 
 def _default_models(policy: Policy) -> dict[str, ModelSpec]:
@@ -95,14 +105,19 @@ class Engine:
       (`engine/core_share.py`); a worker with nothing to do costs the others nothing.
     - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
       B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
-      "auto": B from the throughput model (`tokenrouter/throughput.py`): the engine profiles each
+      "auto": B from the throughput model (`autobatch/throughput_model.py`): the engine profiles each
       model's step latency at start (`profile()`, cached under the store home), observes the
-      routing online, and re-picks B every `auto_batching_interval_s`; B = 1 until it has seen
+      routing online, and re-picks B every `auto_batching.interval_s`; B = 1 until it has seen
       enough tokens. `throughput_prediction()` shows the current choice and what it predicts.
     - `mode`: "routed" (this engine). "standard" and "lockstep" reproduce the baselines that
       speed is measured against: every hand-off goes back to the caller and is re-sent as a new
       request with the whole sequence (KV freed, re-prefill), or one thread steps each model's
       batch in turn.
+    - `auto_batching`: the knobs of delayed_batching="auto" (`AutoBatchingOptions`: seconds
+      between re-picks, a bound on the predicted per-token latency, the shared-device share).
+
+    Every argument is checked at construction (`EngineOptions`); a bad one raises `ConfigError`
+    naming it.
     """
 
     def __init__(
@@ -115,6 +130,7 @@ class Engine:
         batch_wait_s: float = 0.02,
         mode: Literal["routed", "standard", "lockstep"] = "routed",
         stop_timeout: float = 30.0,
+        auto_batching: AutoBatchingOptions | Mapping | None = None,
     ):
         if models is None:
             policy = RStitch(tau=0.03) if policy is None else policy
@@ -143,25 +159,22 @@ class Engine:
         missing = [m for m in policy.models if m not in self.specs]
         if missing:
             raise ConfigError(f"policy: names model(s) {missing} that are not in models {sorted(self.specs)}")
-        if num_threads is not None and (isinstance(num_threads, bool) or not isinstance(num_threads, int)):
-            raise ConfigError(f"num_threads: must be an int or None, got {type(num_threads).__name__}")
-        if num_threads is not None and num_threads < 1:
-            raise ConfigError(f"num_threads: must be >= 1, got {num_threads}")
-        for param, seconds, zero_ok in (("stop_timeout", stop_timeout, False), ("batch_wait_s", batch_wait_s, True)):
-            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)):
-                raise ConfigError(f"{param}: must be a number of seconds, got {type(seconds).__name__}")
-            if not (0 <= seconds < float("inf")) or (seconds == 0 and not zero_ok):
-                raise ConfigError(f"{param}: must be finite and {'>= 0' if zero_ok else '> 0'}, got {seconds!r}")
-        if mode not in ("routed", "standard", "lockstep"):
-            raise ConfigError(f"mode: must be 'routed', 'standard' or 'lockstep', got {mode!r}")
-        self.mode = mode
-        self._share: CoreShare | None = None  # workers on CPU: their turns and compute thread
-        self.auto_batching = isinstance(delayed_batching, str) and delayed_batching == "auto"
-        self.batch_min = self._batch_min(None if self.auto_batching else delayed_batching)
-        self.batch_wait_s = batch_wait_s
+        try:
+            self.options = EngineOptions.model_validate(
+                dict(num_threads=num_threads, delayed_batching=delayed_batching, batch_wait_s=batch_wait_s,
+                     mode=mode, stop_timeout=stop_timeout, auto_batching=auto_batching),
+                context={"models": list(self.specs)},
+            )  # fmt: skip
+        except ValidationError as e:
+            raise ConfigError(_first_error(e)) from None
+        self.mode = self.options.mode
+        self.num_threads = self.options.num_threads
+        self.batch_wait_s = self.options.batch_wait_s
+        self.stop_timeout = self.options.stop_timeout
+        self.auto_batching = self.options.delayed_batching == "auto"
+        self.batch_min = self.options.batch_min(list(self.specs))
         self.policy = policy
-        self.num_threads = num_threads
-        self.stop_timeout = stop_timeout
+        self._share: CoreShare | None = None  # workers on CPU: their turns and compute thread
         self.loaded: dict[str, LoadedModel] = {}
         self.workers: dict[str, WorkerThread] = {}
         self._channels: dict[str, RequestChannel] = {}
@@ -169,46 +182,18 @@ class Engine:
         self._running = False
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
         self.profiles: dict[str, LatencyProfile] = {}
-        self._auto: AutoBatching | None = None  # delayed_batching="auto": engine/auto_batching.py
+        self._auto: AutoBatching | None = None  # delayed_batching="auto": autobatch/controller.py
         if self.auto_batching:
             self._auto = AutoBatching(
                 policy=policy,
                 specs=self.specs,
-                batch_wait_s=batch_wait_s,
-                settings=self,  # the knobs below, read at each use
+                batch_wait_s=self.batch_wait_s,
+                options=self.options.auto_batching,
                 workers=lambda: self.workers,
                 loaded=lambda: self.loaded,
                 profiles=lambda: self.profiles,
                 in_flight=lambda: len(self._requests),
             )
-
-    #: delayed_batching="auto": seconds between re-picks of B; a bound on the predicted per-token
-    #: latency (None: none); the share sigma in [0, 1] of device time the two models' steps contend
-    #: for (None: 1 on one GPU, on CPU from the worker threads per core, 0 on separate devices).
-    auto_batching_interval_s: float = 1.0
-    auto_latency_bound_s: float | None = None
-    auto_shared_device: float | None = None
-
-    def _batch_min(self, delayed_batching) -> dict[str, int]:
-        """B per model for delayed batching: None means step as soon as anything is ready (B = 1)."""
-        if delayed_batching is None:
-            return {name: 1 for name in self.specs}
-        if isinstance(delayed_batching, Mapping):
-            unknown = sorted(set(delayed_batching) - set(self.specs), key=repr)
-            if unknown:
-                raise ConfigError(f"delayed_batching: names unknown model(s) {unknown}")
-            values = {name: delayed_batching.get(name, 1) for name in self.specs}
-        elif isinstance(delayed_batching, str):
-            raise ConfigError(
-                f"delayed_batching: must be 'auto', None, an int >= 1 or a dict of model -> int >= 1, "
-                f"got {delayed_batching!r}"
-            )
-        else:
-            values = {name: delayed_batching for name in self.specs}
-        for name, b in values.items():
-            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
-                raise ConfigError(f"delayed_batching: B for model {name!r} must be an int >= 1, got {b!r}")
-        return values
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:

@@ -1,6 +1,7 @@
-"""Validated configuration: how to sample a request and how to run a model.
+"""Validated configuration: how to sample a request, how to run a model, and how the engine runs
+its workers.
 
-Both are pydantic models so that bad values fail at construction with the field named.
+All are pydantic models so that bad values fail at construction with the field named.
 Numbers and flags are strict: an int field takes an int (not a bool, a float or a numeric
 string), a float field takes an int or a float (not a bool or a string, never NaN or an
 infinity), and a flag takes a bool (not 0/1 or "yes").
@@ -8,6 +9,7 @@ infinity), and a flag takes a bool (not 0/1 or "yes").
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Literal
 
@@ -174,3 +176,114 @@ class ModelSpec(BaseModel):
         if isinstance(value, (str, Path)):
             return cls(path=value)
         raise TypeError(f"a model must be a path or a ModelSpec, got {type(value).__name__}")
+
+
+class AutoBatchingOptions(BaseModel):
+    """The knobs of delayed_batching="auto" (`autobatch/controller.py`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    interval_s: float = Field(1.0, gt=0.0, allow_inf_nan=False, strict=True, description="Seconds between re-picks of B.")
+    latency_bound_s: float | None = Field(
+        None, gt=0.0, allow_inf_nan=False, strict=True, description="A bound on the predicted per-token latency."
+    )
+    shared_device: float | None = Field(
+        None,
+        ge=0.0,
+        le=1.0,
+        strict=True,
+        description="Share sigma of device time the models' steps contend for; None: 1 on one GPU, on CPU from "
+        "the worker threads per core, 0 on separate devices.",
+    )
+
+
+def _seconds(field: str, value, zero_ok: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{field}: must be a number of seconds, got {type(value).__name__}")
+    if not (0 <= value < float("inf")) or (value == 0 and not zero_ok):
+        raise ValueError(f"{field}: must be finite and {'>= 0' if zero_ok else '> 0'}, got {value!r}")
+    return float(value)
+
+
+class EngineOptions(BaseModel):
+    """How an `Engine` runs its workers: its keyword arguments, checked when it is constructed.
+    Errors name the argument (the `Engine` raises them as `ConfigError`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_threads: int | None = Field(None, description="torch threads of each worker thread; None: CPU turns.")
+    delayed_batching: int | dict[str, int] | Literal["auto"] | None = Field(
+        None, description="B: one int, or per model; 'auto' from the throughput model; None: 1."
+    )
+    batch_wait_s: float = Field(0.02, description="Most a worker waits for B ready requests.")
+    mode: Literal["routed", "standard", "lockstep"] = "routed"
+    stop_timeout: float = Field(30.0, description="Most close() waits for the workers to stop.")
+    auto_batching: AutoBatchingOptions = Field(default_factory=AutoBatchingOptions)
+
+    @field_validator("num_threads", mode="before")
+    @classmethod
+    def _threads(cls, v):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
+            raise ValueError(f"num_threads: must be an int or None, got {type(v).__name__}")
+        if v is not None and v < 1:
+            raise ValueError(f"num_threads: must be >= 1, got {v}")
+        return v
+
+    @field_validator("delayed_batching", mode="before")
+    @classmethod
+    def _batch_min(cls, v, info):
+        """None, 'auto', an int >= 1, or a dict of model -> int >= 1 naming only known models."""
+        if v is None or (isinstance(v, str) and v == "auto"):
+            return v
+        models = (info.context or {}).get("models")
+        if isinstance(v, Mapping):
+            unknown = sorted(set(v) - set(models), key=repr) if models is not None else []
+            if unknown:
+                raise ValueError(f"delayed_batching: names unknown model(s) {unknown}")
+            values = dict(v)
+        elif isinstance(v, str):
+            raise ValueError(
+                f"delayed_batching: must be 'auto', None, an int >= 1 or a dict of model -> int >= 1, got {v!r}"
+            )
+        else:
+            values = {"": v}
+        for name, b in values.items():
+            if isinstance(b, bool) or not isinstance(b, int) or b < 1:
+                which = f" for model {name!r}" if name else ""
+                raise ValueError(f"delayed_batching: B{which} must be an int >= 1, got {b!r}")
+        return v
+
+    @field_validator("batch_wait_s", mode="before")
+    @classmethod
+    def _wait(cls, v):
+        return _seconds("batch_wait_s", v, zero_ok=True)
+
+    @field_validator("stop_timeout", mode="before")
+    @classmethod
+    def _timeout(cls, v):
+        return _seconds("stop_timeout", v, zero_ok=False)
+
+    @field_validator("mode", mode="before")
+    @classmethod
+    def _mode(cls, v):
+        if v not in ("routed", "standard", "lockstep"):
+            raise ValueError(f"mode: must be 'routed', 'standard' or 'lockstep', got {v!r}")
+        return v
+
+    @field_validator("auto_batching", mode="before")
+    @classmethod
+    def _auto(cls, v):
+        if v is None:
+            return AutoBatchingOptions()
+        if not isinstance(v, (AutoBatchingOptions, Mapping)):
+            raise ValueError(f"auto_batching: must be AutoBatchingOptions or a dict, got {type(v).__name__}")
+        return v
+
+    def batch_min(self, models: list[str]) -> dict[str, int]:
+        """B per model (1 where none is given, and under 'auto' until the controller picks)."""
+        db = self.delayed_batching
+        if db is None or db == "auto":
+            return {m: 1 for m in models}
+        if isinstance(db, dict):
+            return {m: db.get(m, 1) for m in models}
+        return {m: db for m in models}

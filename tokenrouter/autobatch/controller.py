@@ -4,7 +4,7 @@ Why it exists: the best B depends on the routing the workers actually see (how o
 hands off, how many of its tokens are kept, how long catch-ups are) and on how many requests are
 in flight, and both drift with the traffic. So a thread watches the workers' routing counters
 and the requests in flight, decays what it saw (recent traffic weighs most), and every
-`auto_batching_interval_s` re-picks B per model with the throughput model in
+`AutoBatchingOptions.interval_s` re-picks B per model with the throughput model in
 `autobatch/throughput_model.py` (`choose_b`) from each model's step-latency profile
 (`autobatch/latency_profile.py`), then sets it on the workers. B stays 1 until it has seen enough
 tokens. The `Engine` builds one for `delayed_batching="auto"` and only delegates to it.
@@ -14,20 +14,20 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
 import anyio
 
+from ..engine.core_share import usable_cores
 from . import latency_profile
 from .latency_profile import LatencyProfile
 from .throughput_model import RoutingStats, TableLatency, ThroughputPrediction, choose_b
 
 if TYPE_CHECKING:
-    from ..config import ModelSpec
+    from ..config import AutoBatchingOptions, ModelSpec
     from ..policies import Policy
     from ..engine.model_loader import LoadedModel
     from ..engine.worker_thread import WorkerThread
@@ -53,14 +53,6 @@ async def profile_workers(workers: Mapping[str, WorkerThread], refresh: bool = F
     return out
 
 
-class AutoBatchingSettings(Protocol):
-    """The knobs, read at each use (the `Engine` has them as class attributes)."""
-
-    auto_batching_interval_s: float  # seconds between re-picks of B
-    auto_latency_bound_s: float | None  # a bound on the predicted per-token latency (None: none)
-    auto_shared_device: float | None  # sigma in [0, 1]; None: from the devices (see `_shared_device`)
-
-
 class AutoBatching:
     """Re-picks B per model from the profiles and the routing observed lately.
 
@@ -81,7 +73,7 @@ class AutoBatching:
         policy: Policy,
         specs: Mapping[str, ModelSpec],
         batch_wait_s: float,
-        settings: AutoBatchingSettings,
+        options: AutoBatchingOptions,
         workers: Callable[[], Mapping[str, WorkerThread]],
         loaded: Callable[[], Mapping[str, LoadedModel]],
         profiles: Callable[[], Mapping[str, LatencyProfile]],
@@ -90,7 +82,7 @@ class AutoBatching:
         self.policy = policy
         self.specs = specs
         self.batch_wait_s = batch_wait_s
-        self._settings = settings
+        self.options = options
         self._workers = workers
         self._loaded = loaded
         self._profiles = profiles
@@ -144,7 +136,7 @@ class AutoBatching:
         self.thread = None
 
     def _loop(self) -> None:
-        while not self._stop.wait(self._settings.auto_batching_interval_s):
+        while not self._stop.wait(self.options.interval_s):
             try:
                 self.retune()
             except Exception:
@@ -197,7 +189,7 @@ class AutoBatching:
         )
 
     def _shared_device(self, names: list[str]) -> float:
-        shared = self._settings.auto_shared_device
+        shared = self.options.shared_device
         if shared is not None:
             return min(1.0, max(0.0, float(shared)))
         loaded = self._loaded()
@@ -205,10 +197,7 @@ class AutoBatching:
         if len(devices) > 1:
             return 0.0
         if next(iter(devices)).startswith("cpu"):
-            try:
-                cores = len(os.sched_getaffinity(0))
-            except AttributeError:
-                cores = os.cpu_count() or 1
+            cores = usable_cores()
             workers = self._workers()
             threads = sum(workers[m].core.torch_threads or 1 for m in names)
             return min(1.0, max(0.0, threads / cores - 1.0))
@@ -250,7 +239,7 @@ class AutoBatching:
             C = min(self._concurrency, self._MAX_MODEL_CONCURRENCY)
             sigma = self._shared_device(names)
             turns = all(workers[m].core_share is not None for m in names)  # on one CPU the workers take turns
-            bound = self._settings.auto_latency_bound_s
+            bound = self.options.latency_bound_s
             inputs = (C, sigma, turns, bound, *[
                 v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
             ])  # fmt: skip
