@@ -14,6 +14,14 @@ Runs, one after the other, each in a fresh process (a fresh CUDA context):
     python benchmarks/bench_gpu.py --small DIR --large DIR
     python benchmarks/bench_gpu.py --random-weights                 # no weights at hand: the demo
         # pair's shapes and tokenizer with random weights (speed only; routing is then arbitrary)
+    python benchmarks/bench_gpu.py --random-weights --quick         # the GPU kit's reduced form (below)
+
+--quick is what scripts/gpu_check.sh runs (docs/gpu.md): C = 1, 16 and 64, 64 tokens per request, one
+repeat; the single-model step against HF `generate` only; the routed step against lockstep and standard
+serving with prefix caching, plus the large model alone (bench_routing.py --large-alone), each system's
+engine loaded once (--reuse-engines). --steps runs some steps only, --step-timeout caps each, --prepare
+only writes the random-weight pair (the kit does that while flashinfer's kernels compile), --tiny makes
+that pair tiny (a CPU smoke of the same commands).
 
 Every table goes to stdout and, with the commands, to --out (default bench_out/gpu/).
 """
@@ -24,8 +32,10 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -42,22 +52,27 @@ DEMO_SHAPES = {
 }  # fmt: skip
 
 
-def random_pair(root: Path, tokenizer_dir: Path | None) -> dict[str, str]:
+def random_pair(root: Path, tokenizer_dir: Path | None, tiny: bool = False) -> dict[str, str]:
     """The demo pair's architecture with random bfloat16 weights; the tokenizer from tokenizer_dir
-    (the demo pair's, 151,936 tokens) or a small one built here."""
+    (the demo pair's, 151,936 tokens) or a small one built here. `tiny`: small shapes instead (a CPU
+    smoke). A pair already written under `root` (by --prepare) is reused."""
     import torch
     from transformers import AutoTokenizer
 
     from tokenrouter.testing import build_tiny_model, build_tokenizer
 
+    paths = {name: root / name for name in DEMO_SHAPES}
+    if all((p / ".complete").is_file() for p in paths.values()):
+        return {name: str(p) for name, p in paths.items()}
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True) if tokenizer_dir else build_tokenizer()
-    paths = {}
     for i, (name, shape) in enumerate(DEMO_SHAPES.items()):
-        paths[name] = str(build_tiny_model(
-            root / name, "qwen2", dtype=torch.bfloat16, seed=i, tokenizer=tok, logit_scale=8.0,
-            max_position_embeddings=32768, **shape,
-        ))  # fmt: skip
-    return paths
+        shape = dict(num_hidden_layers=2 + 2 * i) if tiny else dict(max_position_embeddings=32768, **shape)
+        build_tiny_model(paths[name], "qwen2", dtype=torch.bfloat16, seed=i, tokenizer=tok, logit_scale=8.0, **shape)
+        (paths[name] / ".complete").write_text("")
+    return {name: str(p) for name, p in paths.items()}
+
+
+STEPS = ("single", "routed", "eager")
 
 
 def demo_pair() -> dict[str, str]:
@@ -66,15 +81,49 @@ def demo_pair() -> dict[str, str]:
     return {"small": str(ensure_model("qwen-coder-0.5b")), "large": str(ensure_model("qwen-coder-1.5b"))}
 
 
-def run(cmd: list[str], log: Path) -> tuple[int, float]:
+def _kill_step_on_term(proc: subprocess.Popen) -> None:
+    """Killed from outside (timeout(1) sends SIGTERM), take the step's process group along: it runs in a
+    session of its own, which nothing else would end."""
+
+    def handler(signum, frame):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        sys.exit(128 + signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def run(cmd: list[str], log: Path, timeout: float | None = None) -> tuple[int, float]:
+    """Run one step, its output to stdout and `log`; past `timeout` seconds its whole process group is
+    killed and the exit status is 124 (as timeout(1) says)."""
     print(f"\n$ {shlex.join(cmd)}", flush=True)
     t0 = time.perf_counter()
+    expired = threading.Event()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        _kill_step_on_term(proc)
+
+        def kill():
+            expired.set()
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+        timer = threading.Timer(timeout, kill) if timeout else None
+        if timer:
+            timer.start()
         for line in proc.stdout:
             sys.stdout.write(line)
             f.write(line)
         rc = proc.wait()
+        if timer:
+            timer.cancel()
+    if expired.is_set():
+        print(f"# killed after {timeout:.0f} s (--step-timeout)", flush=True)
+        rc = 124
     return rc, time.perf_counter() - t0
 
 
@@ -84,43 +133,76 @@ def main() -> int:
     p.add_argument("--large")
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a tokenizer directory")
+    p.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes (a CPU smoke)")
+    p.add_argument("--prepare", action="store_true", help="only write the random-weight pair, then exit")
     p.add_argument("--device", default="cuda:0")
+    p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     p.add_argument("--tau", type=float, default=0.03)
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128; --quick 64)")
+    p.add_argument("--repeats", type=int, default=None, help="measured runs per level (default 2; --quick 1)")
+    p.add_argument("--concurrency", type=int, nargs="+", default=None,
+                   help="levels of the single and routed steps (default: 1 16 and 1 4 16)")
+    p.add_argument("--single-systems", nargs="+", default=None, help="bench_single.py --systems (default: all)")
+    p.add_argument("--routed-systems", nargs="+", default=None, help="bench_routing.py --systems (default: all)")
+    p.add_argument("--large-alone", action="store_true", help="routed step: the large model alone too")
+    p.add_argument("--eager-concurrency", type=int, default=16, help="the level of the step without CUDA graphs")
+    p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
+    p.add_argument("--step-timeout", type=float, default=None, help="kill a step after this many seconds")
+    p.add_argument("--quick", action="store_true", help="the GPU kit's reduced form (see above)")
     p.add_argument("--out", type=Path, default=Path("bench_out/gpu"))
     args = p.parse_args()
+    if args.quick:
+        args.concurrency = args.concurrency or [1, 16, 64]
+        args.max_tokens, args.repeats = args.max_tokens or 64, args.repeats or 1
+        args.large_alone = True
+        args.single_systems = args.single_systems or ["engine", "hf_generate"]
+        args.routed_systems = args.routed_systems or ["routed", "lockstep", "standard+pc"]
+    args.max_tokens, args.repeats = args.max_tokens or 128, args.repeats or 2
     args.out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     if args.random_weights:
-        models = random_pair(args.out / "random-pair", args.tokenizer)
+        models = random_pair(args.out / "random-pair", args.tokenizer, args.tiny)
     elif args.small and args.large:
         models = {"small": args.small, "large": args.large}
     else:
         models = demo_pair()
+    if args.prepare:
+        print(f"# models ready: {models}", flush=True)
+        return 0
     import torch
 
     gpu = torch.cuda.get_device_name(args.device) if torch.cuda.is_available() else "no CUDA device"
     print(f"# {gpu}; models {models}", flush=True)
+    common = ["--device", args.device, "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
+              "--repeats", str(args.repeats)]  # fmt: skip
+    routing = [py, str(HERE / "bench_routing.py"), "--small", models["small"], "--large", models["large"],
+               "--tau", str(args.tau), *common]  # fmt: skip
+    single_c = [str(c) for c in (args.concurrency or [1, 16])]
+    routed_c = [str(c) for c in (args.concurrency or [1, 4, 16])]
     steps = {
-        "single": [py, str(HERE / "bench_single.py"), "--model", models["large"], "--device", args.device,
-                   "--concurrency", "1", "16", "--max-tokens", str(args.max_tokens), "--repeats", str(args.repeats),
+        "single": [py, str(HERE / "bench_single.py"), "--model", models["large"], *common, "--concurrency", *single_c,
+                   *(["--systems", *args.single_systems] if args.single_systems else []),
                    "--json", str(args.out / "single.json")],
-        "routed": [py, str(HERE / "bench_routing.py"), "--small", models["small"], "--large", models["large"],
-                   "--device", args.device, "--tau", str(args.tau), "--max-tokens", str(args.max_tokens),
-                   "--repeats", str(args.repeats), "--json", str(args.out / "routed.json")],
-        "eager": [py, str(HERE / "bench_routing.py"), "--small", models["small"], "--large", models["large"],
-                  "--device", args.device, "--tau", str(args.tau), "--max-tokens", str(args.max_tokens),
-                  "--repeats", str(args.repeats), "--systems", "routed", "--concurrency", "16",
+        "routed": [*routing, "--concurrency", *routed_c,
+                   *(["--systems", *args.routed_systems] if args.routed_systems else []),
+                   *(["--large-alone"] if args.large_alone else []), *(["--reuse-engines"] if args.quick else []),
+                   "--json", str(args.out / "routed.json")],
+        "eager": [*routing, "--systems", "routed", "--concurrency", str(args.eager_concurrency),
                   "--cuda-graph-max-batch", "0", "--json", str(args.out / "routed-eager.json")],
     }  # fmt: skip
-    summary = {"gpu": gpu, "models": models, "steps": {}}
-    for name, cmd in steps.items():
-        rc, wall = run(cmd, args.out / f"{name}.log")
+    summary_path = args.out / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    summary.update(gpu=gpu, models=models)
+    summary.setdefault("steps", {})
+    rcs = []
+    for name in args.steps:
+        cmd = steps[name]
+        rc, wall = run(cmd, args.out / f"{name}.log", args.step_timeout)
         summary["steps"][name] = {"command": shlex.join(cmd), "rc": rc, "wall_s": round(wall, 1)}
+        rcs.append(rc)
         print(f"# {name}: exit {rc}, {wall:.0f} s", flush=True)
-    (args.out / "summary.json").write_text(json.dumps(summary, indent=2))
-    return max(s["rc"] for s in summary["steps"].values())
+        summary_path.write_text(json.dumps(summary, indent=2))
+    return max(rcs, default=0)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ questions below as chat prompts, every request writing exactly --max-tokens toke
                sender's KV is freed, the receiver re-prefills). `standard+pc` adds prefix caching.
   lockstep     the official implementations' style: one loop steps the small model's batch,
                then the large model's, so each waits for the other (KV is kept).
+  large        (--large-alone) the large model alone through this engine (policy Single), on the
+               same requests: what routing saves against serving the large model only.
 
 All four run the very same workers, kernels and policy code (tokenrouter's `mode` switch); only
 the serving architecture differs. Greedy outputs are checked to be identical across systems.
@@ -22,11 +24,13 @@ latency is per request, submission to end, as the client sees it.
 
     python benchmarks/bench_routing.py                    # demo pair from the store, C = 1 4 16
     python benchmarks/bench_routing.py --quick            # tiny random pair, seconds
+    python benchmarks/bench_routing.py --systems routed lockstep standard+pc --large-alone --reuse-engines
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shlex
 import sys
@@ -39,7 +43,7 @@ import torch
 
 from tokenrouter.bench import SYSTEMS, BenchConfig, Session, Sizes, WorkloadSpec, markdown, run_bench
 from tokenrouter.bench.report import write_json
-from tokenrouter.policies import RStitch
+from tokenrouter.policies import RStitch, Single
 
 TASKS = [
     "Write a Python function that checks whether a number is prime.",
@@ -93,18 +97,39 @@ def main(args) -> None:
         systems=args.systems, concurrency=args.concurrency, repeats=args.repeats, requests=args.requests,
         kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, threads_lockstep=args.threads_lockstep,
         max_run_s=args.max_run_s, device=args.device, dtype=args.dtype,
-        cuda_graph_max_batch=args.cuda_graph_max_batch,
+        cuda_graph_max_batch=args.cuda_graph_max_batch, reuse_engines=args.reuse_engines,
     )  # fmt: skip
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
     result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=print))
+    if args.large_alone:
+        alone = dataclasses.replace(cfg, policy=Single("large"), systems=["routed"])
+        result = with_large_alone(result, anyio.run(lambda: run_bench(alone, tokenizer, command=command, progress=print)))
     print()
     print(markdown(result), end="")
     for w in result.warnings:
         print(f"warning: {w}")
     if args.json:
         write_json(result, args.json)
+
+
+def with_large_alone(result, alone):
+    """`result` with the runs of the large model alone (the routed system under Single("large")) added as
+    system "large", so the table gives its ratios against standard serving and lockstep at each C."""
+    for r in alone.runs:
+        r.system = "large"
+    for s in alone.summaries:
+        s.system, s.same_tokens_as_routed = "large", None
+    systems = [*result.settings["systems"], "large"]
+    order = {(w, c, sy): i for i, (w, c, sy) in enumerate(
+        (w, c, sy) for w in result.workloads for c in result.settings["concurrency"] for sy in systems)}  # fmt: skip
+    summaries = sorted(result.summaries + alone.summaries, key=lambda s: order[(s.workload, s.concurrency, s.system)])
+    return dataclasses.replace(
+        result, runs=result.runs + alone.runs, summaries=summaries, warnings=result.warnings + alone.warnings,
+        settings={**result.settings, "systems": systems, "policy_large": alone.policy},
+        wall_s=result.wall_s + alone.wall_s,
+    )  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -123,6 +148,10 @@ if __name__ == "__main__":
                    help="torch threads of lockstep's one stepping thread (default: every core)")
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
     p.add_argument("--max-run-s", type=float, default=None, help="cap each run's wall time (the table marks it)")
+    p.add_argument("--large-alone", action="store_true",
+                   help="also run the large model alone through this engine (Single), as system 'large'")
+    p.add_argument("--reuse-engines", action="store_true",
+                   help="load each system's engine once for all its runs (prefix cache reset before each run)")
     p.add_argument("--json", help="write every run, the medians and the machine to this file")
     p.add_argument("--quick", action="store_true", help="tiny random pair (tau 0.2), for a smoke test")
     p.add_argument("--device", default="cpu", help="torch device of both models (e.g. cuda:0: one GPU, a stream each)")
