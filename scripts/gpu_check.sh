@@ -1,0 +1,239 @@
+#!/usr/bin/env bash
+# The GPU kit's one command (docs/gpu.md).
+#
+# On the GPU machine, through the device tool:  run(command="bash scripts/gpu_check.sh", carry=[".whl"],
+# timeout_s=600). In 8 minutes at most (GPU_KIT_BUDGET_S=480), each stage under its own cap, it
+#   install  installs the carried wheels (.whl/, made by scripts/gpu_wheels.sh) into /tmp/gpu-kit
+#   env      prints versions and the GPU, and checks every requirement is met
+#   jit      builds our flashinfer kernels in one parallel ninja run (the random-weight pair is written
+#            meanwhile); if flashinfer fails to build or import, the later stages run torch's attention
+#            backend on CUDA instead (flashinfer is left off PYTHONPATH), and the log says so
+#   tests    pytest -m gpu tests/test_gpu_backend.py
+#   routed   bench_gpu.py --quick --steps routed: routed vs lockstep, standard+pc, the large model alone
+#   eager    bench_gpu.py --quick --steps eager: routed with CUDA graphs off, C = 16
+#   single   bench_gpu.py --quick --steps single: the engine vs HF generate on the large model
+#   report   which flashinfer modules were built, and any the jit stage did not foresee
+# and writes to $OUT (default ./gpu_out): gpu_check.log, summary.json (stage times, versions, results),
+# pytest.xml, routed.json, single.json, routed-eager.json. Stage times are printed at the end.
+#
+# Here, on a CPU machine:  bash scripts/gpu_check.sh --dry-run [--without-wheels]
+# checks everything short of the GPU: the wheel set (RECORDs, pins, pip's resolver offline against the
+# machine's packages, the very install command), the trimmed flashinfer (imports, our kernels' JIT sources
+# and #include closure), the size of what travels, the length of the run command, and that every stage
+# starts (a CPU smoke of each). --without-wheels skips what needs .whl/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+RUN_COMMAND="bash scripts/gpu_check.sh"  # what docs/gpu.md tells the device tool to run, with carry [".whl"]
+CARRY=".whl"
+DRY=0
+WITHOUT_WHEELS=0
+for a in "$@"; do
+    case $a in
+        --dry-run) DRY=1 ;;
+        --without-wheels) WITHOUT_WHEELS=1 ;;
+        --print-command) echo "$RUN_COMMAND"; exit 0 ;;
+        -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+        *) echo "gpu_check.sh: unknown argument $a (--dry-run, --without-wheels, --print-command)"; exit 2 ;;
+    esac
+done
+BASE_WHEELS() { ls .whl/*.whl | grep -v -e '/flashinfer_python-' -e '/apache_tvm_ffi-'; }
+FI_WHEELS() { ls .whl/flashinfer_python-*.whl .whl/apache_tvm_ffi-*.whl; }
+
+# ---- the dry run, on CPU ------------------------------------------------------------------------------
+if [ "$DRY" = 1 ]; then
+    PY=${PYTHON:-.venv/bin/python}
+    [ -x "$PY" ] || PY=python3
+    export PIP_CONFIG_FILE=/dev/null  # no index, no mirror: every pip call here is offline
+    TMP=$(mktemp -d /tmp/gpu-kit-dry.XXXXXX)
+    trap 'rm -rf "$TMP"' EXIT
+    FAILED=()
+    check() {  # name cmd...: run, say PASS or FAIL with the time
+        local name=$1 t0=$SECONDS
+        shift
+        echo "== $name"
+        if "$@"; then
+            echo "PASS $name ($((SECONDS - t0)) s)"
+        else
+            echo "FAIL $name ($((SECONDS - t0)) s)"
+            FAILED+=("$name")
+        fi
+    }
+    install_like_gpu() {  # the install stage's commands, for the GPU machine's Python and platform
+        local tags=(--python-version 3.12 --implementation cp --abi cp312 --only-binary=:all:
+                    --platform manylinux_2_28_x86_64 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64
+                    --platform manylinux2014_x86_64)
+        "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade "${tags[@]}" --target "$TMP/site" $(BASE_WHEELS) &&
+        "$PY" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade "${tags[@]}" --target "$TMP/site-fi" $(FI_WHEELS) &&
+        ls "$TMP/site-fi/flashinfer/__init__.py" "$TMP/site/pydantic/__init__.py" > /dev/null &&
+        { [ ! -f .whl/tokenizer.tar.xz ] || { mkdir -p "$TMP/tokenizer" && tar -xJf .whl/tokenizer.tar.xz -C "$TMP/tokenizer" && ls "$TMP/tokenizer/tokenizer.json" > /dev/null; }; }
+    }
+    command_fits() {
+        local n=${#RUN_COMMAND}
+        echo "run command: '$RUN_COMMAND' ($n characters of 2000), carry [\"$CARRY\"], timeout_s 600"
+        [ "$n" -le 2000 ] && grep -qF "command=\"$RUN_COMMAND\"" docs/gpu.md &&
+            grep -qF "carry=[\"$CARRY\"]" docs/gpu.md || { echo "docs/gpu.md does not show this run call"; return 1; }
+    }
+    env_stage_starts() {  # check-env runs and reports (here it finds problems: no GPU, not the machine's packages)
+        local site="" wheels=.whl
+        [ "$WITHOUT_WHEELS" = 1 ] && wheels="$TMP/none" || site="$TMP/site:$TMP/site-fi:"
+        PYTHONPATH="$ROOT:$site" "$PY" scripts/gpu_kit.py check-env --wheels "$wheels" --json "$TMP/env.json" \
+            > "$TMP/env.log" 2>&1
+        "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(f'check-env ran: {len(r)} fields,', len(r['problems']), 'problems on this CPU machine (no GPU; the resolver check stands for the machine')" "$TMP/env.json" ||
+            { tail -20 "$TMP/env.log"; return 1; }
+    }
+    tests_stage_starts() {
+        local out
+        out=$("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/test_gpu_backend.py 2>&1)
+        echo "$out" | tail -1
+        echo "$out" | tail -1 | grep -qE "^[1-9][0-9]*(/[0-9]+)? tests? collected" && ! echo "$out" | tail -1 | grep -qi "error" ||
+            { echo "$out" | tail -20; return 1; }
+    }
+    bench_stages_start() {  # the same bench_gpu.py --quick commands, on a tiny random pair on CPU
+        "$PY" benchmarks/bench_gpu.py --random-weights --tiny --quick --device cpu --dtype float32 \
+            --concurrency 1 --max-tokens 2 --step-timeout 300 --out "$TMP/bench" > "$TMP/bench.log" 2>&1
+        local rc=$?
+        grep "^# .*: exit" "$TMP/bench.log"
+        [ $rc = 0 ] && ls "$TMP/bench/routed.json" "$TMP/bench/single.json" "$TMP/bench/routed-eager.json" > /dev/null ||
+            { tail -30 "$TMP/bench.log"; return 1; }
+        "$PY" -c "import json,sys; r=json.load(open(sys.argv[1])); s={x['system'] for x in r['summaries']}; print('routed step systems:', sorted(s)); sys.exit(s != {'routed','lockstep','standard+pc','large'})" "$TMP/bench/routed.json"
+    }
+    summary_stage_starts() {
+        printf 'install\t90\t12.5\t0\t\njit\t300\t0\t-1\tskipped: no time left\n' > "$TMP/stages.tsv" &&
+        "$PY" scripts/gpu_kit.py summary --out "$TMP" --stages "$TMP/stages.tsv" --attention flashinfer > /dev/null &&
+        "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); assert [x['stage'] for x in s['stages']] == ['install', 'jit']" "$TMP/summary.json"
+    }
+    if [ "$WITHOUT_WHEELS" = 0 ]; then
+        if ! ls .whl/*.whl > /dev/null 2>&1 || [ ! -d .whl-host/site ]; then
+            echo "FAIL: no .whl/ or .whl-host/: run 'bash scripts/gpu_wheels.sh' first (needs PyPI), or pass --without-wheels"
+            exit 1
+        fi
+        check "wheels: pinned, one version each, RECORD matches every file" "$PY" scripts/gpu_kit.py verify-wheels .whl
+        check "requirements: pip's resolver, offline, against the GPU machine's packages" "$PY" scripts/gpu_kit.py resolve .whl
+        check "stage install: the same pip commands, Python 3.12 manylinux tags" install_like_gpu
+        check "flashinfer: the trimmed copy imports, our kernels' JIT sources generate, their #includes resolve" \
+            "$PY" scripts/gpu_kit.py check-trimmed "$TMP/site-fi" --host-site .whl-host/site
+        check "size: what travels" "$PY" scripts/gpu_kit.py travel-size --carry "$CARRY"
+    else
+        echo "== --without-wheels: skipping the wheel set, the install, the trimmed flashinfer"
+        check "size: what travels (the working tree alone; .whl/ not built)" "$PY" scripts/gpu_kit.py travel-size --carry
+    fi
+    check "command: the device run call fits and docs/gpu.md shows it" command_fits
+    check "stage env starts" env_stage_starts
+    check "stage tests starts: the gpu tests collect" tests_stage_starts
+    check "stages routed, single, eager start: bench_gpu.py --quick on a tiny pair on CPU" bench_stages_start
+    check "stage summary starts" summary_stage_starts
+    if [ ${#FAILED[@]} -gt 0 ]; then
+        echo "dry run: ${#FAILED[@]} check(s) failed: ${FAILED[*]}"
+        exit 1
+    fi
+    echo "dry run: every check passed"
+    exit 0
+fi
+
+# ---- on the GPU machine -------------------------------------------------------------------------------
+OUT=${OUT:-$ROOT/gpu_out}
+mkdir -p "$OUT"
+exec > >(tee -a "$OUT/gpu_check.log") 2>&1
+TEE=$!
+BUDGET=${GPU_KIT_BUDGET_S:-480}
+START=$SECONDS
+WORK=/tmp/gpu-kit
+SITE=$WORK/site
+FISITE=$WORK/site-fi
+BENCH=$WORK/bench
+STAGES=$WORK/stages.tsv
+mkdir -p "$WORK" "$BENCH"
+: > "$STAGES"
+export WORK SITE FISITE
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TOKENROUTER_HOME=$WORK/home
+export FLASHINFER_WORKSPACE_BASE=$WORK MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export PYTHONPATH="$ROOT:$SITE:$FISITE"
+ATTN=flashinfer
+PY=python3
+echo "gpu_check.sh: $(date -u +%FT%TZ), budget ${BUDGET} s, $(nproc) cores, $($PY --version 2>&1), out $OUT"
+
+stage() {  # name cap cmd...: run under min(cap, time left); record name, cap, seconds, exit status
+    local name=$1 cap=$2 left rc t0
+    shift 2
+    left=$((BUDGET - (SECONDS - START)))
+    if [ "$left" -lt 20 ]; then
+        echo "== $name: skipped, $left s of the budget left"
+        printf '%s\t%s\t0\t-1\tskipped: no time left\n' "$name" "$cap" >> "$STAGES"
+        return 1
+    fi
+    [ "$cap" -gt "$left" ] && cap=$left
+    echo "== [$((SECONDS - START)) s] $name (cap $cap s): $*"
+    t0=$(date +%s.%N)
+    timeout -k 10 "$cap" "$@"
+    rc=$?
+    local wall
+    wall=$(python3 -c "import sys,time; print(f'{time.time() - float(sys.argv[1]):.1f}')" "$t0")
+    echo "== $name: exit $rc after $wall s$([ $rc = 124 ] && echo " (timed out)")"
+    printf '%s\t%s\t%s\t%s\t%s\n' "$name" "$cap" "$wall" "$rc" "${NOTE:-}" >> "$STAGES"
+    NOTE=""
+    return $rc
+}
+install_wheels() {
+    local pip=(python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade)
+    "${pip[@]}" --target "$SITE" $(BASE_WHEELS) && "${pip[@]}" --target "$FISITE" $(FI_WHEELS) || return 1
+    if [ -f .whl/tokenizer.tar.xz ]; then mkdir -p "$WORK/tokenizer" && tar -xJf .whl/tokenizer.tar.xz -C "$WORK/tokenizer"; fi
+}
+torch_backend() {
+    ATTN=torch
+    export PYTHONPATH="$ROOT:$SITE"
+    echo "!! flashinfer failed to $1: the later stages run torch's attention backend on CUDA instead (no CUDA graphs)"
+}
+export -f install_wheels BASE_WHEELS FI_WHEELS
+
+stage install 90 bash -c "set -e; install_wheels; ls $SITE $FISITE | wc -l"
+stage env 60 $PY scripts/gpu_kit.py check-env --wheels .whl --json "$WORK/env.json" ||
+    echo "!! env: some requirement is not met (above); going on"
+if ! $PY -c "import flashinfer" > /dev/null 2>&1; then
+    torch_backend import
+    $PY -c "import flashinfer" 2>&1 | tail -5
+fi
+TOKENIZER=()
+[ -f "$WORK/tokenizer/tokenizer.json" ] && TOKENIZER=(--tokenizer "$WORK/tokenizer")
+# GPU_KIT_BENCH_ARGS: extra bench_gpu.py arguments, to walk this script through on a CPU machine
+# (e.g. "--tiny --device cpu --dtype float32 --concurrency 1 --max-tokens 2"); empty on the GPU.
+BENCH_ARGS=(benchmarks/bench_gpu.py --random-weights "${TOKENIZER[@]}" --quick --out "$BENCH" ${GPU_KIT_BENCH_ARGS:-})
+# The random-weight pair is written on the CPU while the kernels compile.
+(
+    t0=$SECONDS
+    timeout -k 10 240 $PY "${BENCH_ARGS[@]}" --prepare > "$WORK/prepare.log" 2>&1
+    rc=$?
+    printf 'models\t240\t%s\t%s\tthe random-weight pair, beside jit\n' $((SECONDS - t0)) $rc > "$WORK/prepare.tsv"
+) &
+PREPARE=$!
+if [ "$ATTN" = flashinfer ]; then
+    stage jit 300 $PY scripts/gpu_kit.py warm --json "$WORK/warm.json" || torch_backend "build its kernels"
+fi
+wait $PREPARE
+cat "$WORK/prepare.tsv" >> "$STAGES"
+echo "== models: $(cut -f3 "$WORK/prepare.tsv") s, exit $(cut -f4 "$WORK/prepare.tsv"); $(tail -1 "$WORK/prepare.log")"
+[ "$(cut -f4 "$WORK/prepare.tsv")" = 0 ] || cat "$WORK/prepare.log"
+NOTE="attention $ATTN" stage tests 120 $PY -m pytest -m gpu tests/test_gpu_backend.py -p no:cacheprovider -q \
+    --junitxml "$OUT/pytest.xml"
+for step in routed eager single; do  # by worth per second, as the budget may cut the last
+    case $step in routed) cap=150 ;; eager) cap=60 ;; single) cap=120 ;; esac
+    if [ $step = eager ] && [ "$ATTN" != flashinfer ]; then
+        echo "== eager: skipped: without flashinfer there are no CUDA graphs to turn off"
+        printf 'eager\t%s\t0\t-1\tskipped: torch backend, no graphs\n' "$cap" >> "$STAGES"
+        continue
+    fi
+    left=$((BUDGET - (SECONDS - START)))
+    NOTE="attention $ATTN" stage $step $cap $PY "${BENCH_ARGS[@]}" --steps $step \
+        --step-timeout $(( (cap < left ? cap : left) - 10 ))
+done
+for f in routed.json single.json routed-eager.json; do [ -f "$BENCH/$f" ] && cp "$BENCH/$f" "$OUT/"; done
+if [ "$ATTN" = flashinfer ]; then
+    stage report 30 $PY scripts/gpu_kit.py jit-report --warm-json "$WORK/warm.json" --json "$WORK/jit.json"
+fi
+$PY scripts/gpu_kit.py summary --out "$OUT" --stages "$STAGES" --attention "$ATTN" --wall $((SECONDS - START)) \
+    --include env="$WORK/env.json" jit="$WORK/warm.json" jit_report="$WORK/jit.json" bench="$BENCH/summary.json"
+echo "results in $OUT: $(ls "$OUT" | tr '\n' ' ')"
+exec > /dev/null 2>&1
+wait $TEE  # the log is whole before the command returns

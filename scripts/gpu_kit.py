@@ -1,0 +1,826 @@
+#!/usr/bin/env python3
+"""The GPU kit's helper: build the wheel set on a CPU machine, check it there, and run the GPU-side steps.
+
+docs/gpu.md says how the pieces fit. scripts/gpu_wheels.sh and scripts/gpu_check.sh call:
+
+  trim WHEEL OUT_DIR     repack flashinfer-python with what our kernels' JIT needs: every Python file, the
+                         header trees, and of its CUDA sources only the #include closure of our kernels
+                         (from `probe` over the full wheel); METADATA without the dependencies of code paths
+                         we never call; a fresh RECORD; flashinfer/data/TRIMMED.json says what was done
+  probe SITE             (needs SITE's flashinfer importable) generate our kernels' JIT specs on CPU: their
+                         sources, ninja files and #include closure; prints JSON
+  check-trimmed SITE     probe the installed trimmed copy: every file the closure reaches is there, and no
+                         #include is unresolved that was not unresolved (a CUDA toolkit header) in the full one
+  verify-wheels DIR      each wheel's RECORD matches its files; one version per distribution; the pins hold
+  resolve DIR            pip's resolver, offline, over the carried wheels and stand-ins for the GPU machine's
+                         own packages: every Requires-Dist of tokenrouter[gpu] and of each wheel is met
+  travel-size            bytes of what a device `run` sends: the working tree plus the carried paths
+  check-env              (GPU) versions, the GPU, and every requirement met by what is importable
+  warm                   (GPU) build our flashinfer kernels in one parallel ninja run, then load them
+  jit-report             (GPU) the flashinfer modules built so far, and any the warm-up did not foresee
+  summary                (GPU) the summary JSON: stages, their times, the attention backend, the results
+
+Only the standard library is imported at the top: check-env and summary run before anything is installed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import csv
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PINS = ROOT / "scripts" / "gpu_wheels.txt"
+MACHINE = ROOT / "scripts" / "gpu_machine.txt"
+TRAVEL_LIMIT = 64 << 20  # bytes a device `run` may send (working tree + carried paths)
+COMMAND_LIMIT = 2000  # characters of a device `run` command
+PY_TAGS = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
+PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
+             "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
+
+# flashinfer-python's dependencies that only code paths we never call import (cuDNN, CuTe-DSL, cuTile and
+# NCCL kernels; `import flashinfer` itself needs none of them): the trimmed wheel does not declare them.
+# cuda-python is a meta-package over cuda-bindings/-core/-pathfinder, which the GPU machine has.
+DROPPED_REQUIRES = ("cuda-python", "cuda-tile", "nccl-extensions", "nccl4py", "nvidia-cudnn-frontend",
+                    "nvidia-cutlass-dsl")  # fmt: skip
+TRIM_LABEL = "trim"  # local version label of the repacked wheel: 0.7.4+trim
+SOURCE_SUFFIXES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".c", ".cc", ".cpp", ".cxx", ".inc", ".inl",
+                   ".jinja", ".ptx", ".cubin", ".fatbin", ".mlir"}  # fmt: skip
+# Header trees the JIT puts on its include path: kept whole (the closure of our kernels reaches most of them,
+# and a header reached only under a macro the scan cannot see would otherwise be missing).
+KEEP_WHOLE = ("flashinfer/data/include/", "flashinfer/data/cccl/", "flashinfer/data/cutlass/",
+              "flashinfer/data/spdlog/")  # fmt: skip
+# The attention kernels tokenrouter's flashinfer backend asks for (engine/flashinfer_attention.py): bfloat16
+# queries and pages, int32 indices, no positional encoding in the kernel, no logit soft cap. (head_dim,
+# sliding window) of the models the kit runs: the gpu tests' pair (64, with and without a window) and the
+# demo pair's shapes (small 64, large 128). Decode runs on tensor cores (GQA groups >= 4): the FA2 prefill
+# module; prefill runs on what flashinfer picks for the device (FA3 on Hopper).
+WARM_CONFIGS = [(64, False), (64, True), (128, False)]
+INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
+MACRO_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.M)
+
+
+def say(*a) -> None:
+    print(*a, flush=True)
+
+
+def norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+# ---- pins ---------------------------------------------------------------------------------------------
+def read_pins(path: Path = PINS) -> dict[str, tuple[str, str]]:
+    """{normalized name: (version, sha256)} from a requirements file of `name==version --hash=sha256:...`."""
+    pins = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)==(\S+)\s+--hash=sha256:([0-9a-f]{64})", line)
+        if not m:
+            raise SystemExit(f"{path}: cannot read {line!r}")
+        pins[norm(m[1])] = (m[2], m[3])
+    return pins
+
+
+def read_machine(path: Path = MACHINE) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.split("#", 1)[0].strip()
+        if line:
+            name, version = line.split("==")
+            out[norm(name)] = version
+    return out
+
+
+def wheel_name(path: Path) -> tuple[str, str]:
+    """(normalized distribution name, version) from a wheel's file name."""
+    parts = path.name[: -len(".whl")].split("-")
+    return norm(parts[0]), parts[1]
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+# ---- the JIT probe (CPU) ------------------------------------------------------------------------------
+def probe_specs():
+    """Every module whose sources the trimmed wheel keeps: the warm set, plus the FA2 variants flashinfer may
+    pick instead (runtime and independent strides) and the CUDA-core decode kernel (GQA groups under 4)."""
+    import torch
+    from flashinfer.jit.attention import modules as m
+    from flashinfer.jit.page import gen_page_module
+
+    bf = torch.bfloat16
+    specs = [gen_page_module()]
+    for head_dim in (64, 128):
+        for window in (False, True):
+            a = (bf, bf, bf, torch.int32, head_dim, head_dim, 0, window, False, False)
+            specs += [
+                m._gen_batch_prefill_primary_module("fa2", *a),
+                m.gen_batch_prefill_module("fa2", *a),
+                m._gen_batch_prefill_independent_paged_module("fa2", *a),
+                m._gen_batch_prefill_independent_full_module("fa2", *a),
+                m.gen_batch_prefill_module("fa3", *a),
+                m.gen_batch_decode_module(*a[:-1]),
+            ]
+    return specs
+
+
+def warm_specs(device=None, prefill_backend: str | None = None):
+    """The modules the engine builds on this device for WARM_CONFIGS: the page append, FA2 (tensor-core
+    decode, and prefill off Hopper) and the prefill module flashinfer picks for `device` (FA3 on Hopper);
+    without a device, `prefill_backend` says which (the CPU probe: "fa3", the H200's)."""
+    import torch
+    from flashinfer.jit.attention import modules as m
+    from flashinfer.jit.page import gen_page_module
+    from flashinfer.utils import determine_attention_backend
+
+    bf = torch.bfloat16
+    specs = [gen_page_module()]
+    for head_dim, window in WARM_CONFIGS:
+        a = (bf, bf, bf, torch.int32, head_dim, head_dim, 0, window, False, False)
+        specs.append(m._gen_batch_prefill_primary_module("fa2", *a))
+        backend = prefill_backend
+        if device is not None:
+            backend = determine_attention_backend(device, 0, False, False, bf, bf, head_dim_qk=head_dim,
+                                                  head_dim_vo=head_dim)  # fmt: skip
+        if backend == "fa3":
+            specs.append(m.gen_batch_prefill_module("fa3", *a))
+    return specs
+
+
+def include_dirs(spec, cuda_home: str) -> list[Path]:
+    from flashinfer.jit.cpp_ext import build_common_cflags
+
+    dirs = []
+    for flag in build_common_cflags(cuda_home, spec.extra_include_dirs):
+        flag = flag.replace("$cuda_home", cuda_home)
+        for prefix in ("-isystem ", "-I"):
+            if flag.startswith(prefix):
+                dirs.append(Path(flag[len(prefix) :].strip()))
+    return dirs
+
+
+_INCLUDES: dict[Path, tuple[list[tuple[str, str]], int]] = {}
+
+
+def _includes(path: Path) -> tuple[list[tuple[str, str]], int]:
+    """(#include kind and name, #include MACRO count) of a file, read once."""
+    if path not in _INCLUDES:
+        text = path.read_text(errors="replace")
+        _INCLUDES[path] = INCLUDE_RE.findall(text), len(MACRO_INCLUDE_RE.findall(text))
+    return _INCLUDES[path]
+
+
+def include_closure(sources: list[Path], dirs: list[Path]) -> tuple[set[Path], set[str], int]:
+    """(files reached, #include names not found, #include MACRO lines seen) from `sources`, following every
+    #include whatever the #if around it (a superset of what a compile reads)."""
+    seen: set[Path] = set()
+    missing: set[str] = set()
+    macro = 0
+    todo = [p.resolve() for p in sources]
+    while todo:
+        path = todo.pop()
+        if path in seen:
+            continue
+        seen.add(path)
+        includes, n_macro = _includes(path)
+        macro += n_macro
+        for kind, name in includes:
+            candidates = ([path.parent] if kind == '"' else []) + dirs
+            for d in candidates:
+                hit = d / name
+                if hit.is_file():
+                    todo.append(hit.resolve())
+                    break
+            else:
+                missing.add(name)
+    return seen, missing, macro
+
+
+def cmd_probe(args) -> int:
+    """Run in a process whose environment `probe_env` made: flashinfer from SITE, a stand-in CUDA home."""
+    site = Path(args.site).resolve()
+    package = site / "flashinfer"
+    opened: set[str] = set()
+
+    def hook(event, hook_args):
+        if event == "open" and hook_args and isinstance(hook_args[0], str):
+            p = os.path.realpath(hook_args[0])
+            if p.startswith(str(package) + os.sep) and not p.endswith((".py", ".pyc")):
+                opened.add(p)
+
+    sys.addaudithook(hook)
+    t0 = time.perf_counter()
+    import flashinfer
+
+    if Path(flashinfer.__file__).resolve().parent != package:
+        raise SystemExit(f"flashinfer imported from {flashinfer.__file__}, not {package}")
+    import_s = time.perf_counter() - t0
+    cuda_home = os.environ["CUDA_HOME"]
+    specs = probe_specs()
+    warm = [s.name for s in warm_specs(prefill_backend="fa3")]
+    not_kept = sorted(set(warm) - {s.name for s in specs})
+    files: set[Path] = set()
+    missing: set[str] = set()
+    macro = 0
+    spec_info = []
+    for spec in specs:
+        spec.write_ninja()  # renders the generated sources too (gen_* already did) and checks the flags
+        dirs = include_dirs(spec, cuda_home)
+        reached, miss, n_macro = include_closure(list(spec.sources), dirs)
+        files |= reached
+        missing |= miss
+        macro += n_macro
+        spec_info.append({"name": spec.name, "sources": [p.name for p in spec.sources], "ninja": spec.ninja_path.is_file()})
+    preprocessed = preprocess(specs) if args.nvcc else None
+    in_package = sorted(
+        str(p.relative_to(site)) for p in files | {Path(o) for o in opened} if str(p).startswith(str(package) + os.sep)
+    )
+    out = {
+        "flashinfer": flashinfer.__version__,
+        "import_s": round(import_s, 2),
+        "specs": spec_info,
+        "files": in_package,
+        "files_bytes": sum((site / f).stat().st_size for f in in_package),
+        "unresolved_includes": sorted(missing),
+        "macro_includes": macro,
+        "nvcc_preprocessed": preprocessed,
+        "warm": warm,
+        "warm_not_kept": not_kept,
+    }
+    print(json.dumps(out))
+    return 0
+
+
+def preprocess(specs) -> dict:
+    """Run each source of one module of every kind (head_dim 128, sliding window on, and the page append)
+    through `nvcc -E` with the flags the JIT would compile it with: every #include a compile for sm_90a
+    reads, under the real macros, must resolve. Needs CUDA_HOME to be a real toolkit (nvcc, CUDA headers)."""
+    chosen = [s for s in specs if s.name == "page" or ("head_dim_qk_128" in s.name and "use_swa_True" in s.name)]
+    done, failed = 0, []
+    t0 = time.perf_counter()
+    for spec in chosen:
+        for entry in spec.get_compile_commands():
+            cmd = re.sub(r" -o \S+$", " -o /dev/null", entry["command"].replace(" -c ", " -E ", 1))
+            proc = subprocess.run(cmd, shell=True, capture_output=True, text=True)
+            done += 1
+            if proc.returncode != 0:
+                failed.append({"file": Path(entry["file"]).name, "module": spec.name, "error": proc.stderr[-1500:]})
+    return {"modules": [s.name for s in chosen], "sources": done, "failed": failed, "wall_s": round(time.perf_counter() - t0, 1)}
+
+
+def probe_env(site: Path, work: Path, host_site: Path | None, cuda_home: Path | None = None) -> dict[str, str]:
+    """The environment of a CPU probe: flashinfer from `site`, the host helpers (tvm-ffi and nvidia-ml-py for
+    this interpreter) behind it, a stand-in CUDA home with an nvcc that only tells its version (13.0, the GPU
+    machine's) unless `cuda_home` is a real toolkit, the JIT workspace in `work`, and the H200's architecture."""
+    cuda = cuda_home or work / "cuda"
+    if cuda_home is None:
+        (cuda / "bin").mkdir(parents=True, exist_ok=True)
+        (cuda / "include").mkdir(exist_ok=True)
+        nvcc = cuda / "bin" / "nvcc"
+        nvcc.write_text("#!/bin/sh\necho 'Cuda compilation tools, release 13.0, V13.0.88'\n")
+        nvcc.chmod(0o755)
+    # the host helpers first: a site installed for the GPU machine holds a cp312 tvm_ffi this interpreter
+    # may not load
+    paths = ([str(host_site)] if host_site else []) + [str(site), str(ROOT)]
+    env = dict(os.environ)
+    env.update(
+        PYTHONPATH=os.pathsep.join(paths), CUDA_HOME=str(cuda), FLASHINFER_WORKSPACE_BASE=str(work / "ws"),
+        FLASHINFER_CUDA_ARCH_LIST="9.0a", CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1",
+    )  # fmt: skip
+    return env
+
+
+def run_probe(site: Path, host_site: Path | None, cuda_home: Path | None = None) -> dict:
+    with tempfile.TemporaryDirectory(prefix="gpu-kit-probe-") as tmp:
+        env = probe_env(site, Path(tmp), host_site, cuda_home)
+        cmd = [sys.executable, str(Path(__file__).resolve()), "probe", str(site)]
+        cmd += ["--nvcc"] if cuda_home else []
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=3600)
+        if proc.returncode != 0:
+            raise SystemExit(f"probe of {site} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+        return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+# ---- trimming ----------------------------------------------------------------------------------------
+def record_line(name: str, data: bytes) -> list[str]:
+    digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+    return [name, f"sha256={digest}", str(len(data))]
+
+
+def write_wheel(path: Path, entries: list[tuple[zipfile.ZipInfo, bytes]], dist_info: str) -> None:
+    """A wheel from (info, data) pairs, in order, with a fresh RECORD; fixed timestamps, so the same input
+    gives the same bytes."""
+    rows = []
+    record = f"{dist_info}/RECORD"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED, compresslevel=9) as z:
+        for info, data in entries:
+            zi = zipfile.ZipInfo(info.filename, date_time=(2020, 1, 1, 0, 0, 0))
+            zi.external_attr = info.external_attr or (0o644 << 16)
+            zi.compress_type = zipfile.ZIP_DEFLATED
+            z.writestr(zi, data, compresslevel=9)
+            rows.append(record_line(info.filename, data))
+        rows.append([record, "", ""])
+        buf = io.StringIO()
+        csv.writer(buf, lineterminator="\n").writerows(rows)
+        zi = zipfile.ZipInfo(record, date_time=(2020, 1, 1, 0, 0, 0))
+        zi.external_attr = 0o644 << 16
+        z.writestr(zi, buf.getvalue().encode(), compress_type=zipfile.ZIP_DEFLATED, compresslevel=9)
+
+
+def trimmed_metadata(text: str, version: str) -> tuple[str, list[str]]:
+    out, dropped = [], []
+    for line in text.split("\n"):
+        if line.startswith("Version: "):
+            line = f"Version: {version}"
+        elif line.startswith("Requires-Dist: ") and "extra ==" not in line:
+            req = re.match(r"Requires-Dist: ([A-Za-z0-9_.-]+)", line)[1]
+            if norm(req) in DROPPED_REQUIRES:
+                dropped.append(line[len("Requires-Dist: ") :])
+                continue
+        out.append(line)
+    return "\n".join(out), dropped
+
+
+def cmd_trim(args) -> int:
+    src = Path(args.wheel).resolve()
+    out_dir = Path(args.out_dir).resolve()
+    host = Path(args.host_site).resolve() if args.host_site else None
+    name, version = wheel_name(src)
+    if name != "flashinfer-python":
+        raise SystemExit(f"trim takes flashinfer-python's wheel, not {src.name}")
+    new_version = f"{version}+{TRIM_LABEL}"
+    with tempfile.TemporaryDirectory(prefix="gpu-kit-full-") as tmp:
+        say(f"trim: installing {src.name} into a scratch folder, to probe it")
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-index",
+                        "--target", tmp, str(src)], check=True)  # fmt: skip
+        probe = run_probe(Path(tmp), host)
+    needed = set(probe["files"])
+    say(f"trim: {len(probe['specs'])} JIT specs, their closure reaches {len(needed)} files in the package")
+    old_dist = f"flashinfer_python-{version}.dist-info"
+    new_dist = f"flashinfer_python-{new_version}.dist-info"
+    kept, dropped_files, dropped_bytes, dropped_requires = [], 0, 0, []
+    csrc_kept = []
+    with zipfile.ZipFile(src) as z:
+        for info in z.infolist():
+            fn = info.filename
+            if info.is_dir() or fn == f"{old_dist}/RECORD":
+                continue
+            data = z.read(info)
+            if fn.startswith(old_dist + "/"):
+                info = zipfile.ZipInfo(new_dist + fn[len(old_dist) :])
+                if fn.endswith("/METADATA"):
+                    text, dropped_requires = trimmed_metadata(data.decode(), new_version)
+                    data = text.encode()
+                kept.append((info, data))
+                continue
+            suffix = Path(fn).suffix.lower()
+            keep = (
+                fn.startswith(KEEP_WHOLE)
+                or fn in needed
+                or (suffix not in SOURCE_SUFFIXES and not fn.startswith("flashinfer/data/csrc/"))
+            )
+            if keep:
+                kept.append((info, data))
+                if fn.startswith("flashinfer/data/csrc/"):
+                    csrc_kept.append(fn)
+            else:
+                dropped_files += 1
+                dropped_bytes += info.file_size
+    missing = sorted(needed - {i.filename for i, _ in kept})
+    if missing:
+        raise SystemExit(f"trim: the probe needs files the wheel does not have: {missing[:10]}")
+    manifest = {
+        "source_wheel": src.name,
+        "source_sha256": sha256(src),
+        "version": new_version,
+        "kept_whole": list(KEEP_WHOLE),
+        "csrc_kept": sorted(csrc_kept),
+        "dropped_files": dropped_files,
+        "dropped_bytes": dropped_bytes,
+        "dropped_requires_dist": dropped_requires,
+        "probe": {k: probe[k] for k in ("flashinfer", "specs", "unresolved_includes", "macro_includes", "files_bytes")},
+        "closure_files": sorted(needed),
+    }
+    info = zipfile.ZipInfo("flashinfer/data/TRIMMED.json")
+    kept.append((info, (json.dumps(manifest, indent=1) + "\n").encode()))
+    # dist-info last, as wheels have it
+    kept.sort(key=lambda e: (e[0].filename.startswith(new_dist), e[0].filename))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    out = out_dir / f"flashinfer_python-{new_version}-py3-none-any.whl"
+    write_wheel(out, kept, new_dist)
+    say(
+        f"trim: {out.name}: {out.stat().st_size / 1e6:.1f} MB (from {src.stat().st_size / 1e6:.1f} MB); "
+        f"dropped {dropped_files} files ({dropped_bytes / 1e6:.0f} MB unpacked) and Requires-Dist "
+        f"{', '.join(dropped_requires)}"
+    )
+    return 0
+
+
+def read_trimmed_manifest(wheel: Path) -> dict:
+    with zipfile.ZipFile(wheel) as z:
+        return json.loads(z.read("flashinfer/data/TRIMMED.json"))
+
+
+def cmd_check_trimmed(args) -> int:
+    """Probe an installed trimmed flashinfer: it imports, our kernels' specs generate, and their #include
+    closure resolves inside it exactly as in the full wheel."""
+    site = Path(args.site).resolve()
+    manifest = json.loads((site / "flashinfer/data/TRIMMED.json").read_text())
+    cuda_home = Path(args.cuda_home).resolve() if args.cuda_home else None
+    probe = run_probe(site, Path(args.host_site).resolve() if args.host_site else None, cuda_home=cuda_home)
+    problems = []
+    gone = sorted(set(manifest["closure_files"]) - set(probe["files"]))
+    if gone:
+        problems.append(f"the closure no longer reaches {len(gone)} files: {gone[:5]}")
+    new_missing = sorted(set(probe["unresolved_includes"]) - set(manifest["probe"]["unresolved_includes"]))
+    if new_missing and cuda_home is None:  # with a real toolkit its headers resolve too, and reach others
+        problems.append(f"#includes unresolved in the trimmed copy only: {new_missing[:10]}")
+    absent = [f for f in probe["files"] if not (site / f).is_file()]
+    if absent:
+        problems.append(f"files missing: {absent[:10]}")
+    if probe["warm_not_kept"]:
+        problems.append(f"the jit stage would build modules whose sources are not kept: {probe['warm_not_kept']}")
+    say(
+        f"trimmed flashinfer {probe['flashinfer']}: imports in {probe['import_s']} s; {len(probe['specs'])} JIT specs "
+        f"generated with their ninja files; their #include closure: {len(probe['files'])} files "
+        f"({probe['files_bytes'] / 1e6:.1f} MB), all present; unresolved only the toolkit's "
+        f"({len(probe['unresolved_includes'])} names, e.g. {', '.join(probe['unresolved_includes'][:4])}); the jit "
+        f"stage's {len(probe['warm'])} modules (on an H200) among them"
+    )
+    pre = probe["nvcc_preprocessed"]
+    if pre is not None:
+        for f in pre["failed"]:
+            problems.append(f"nvcc -E {f['file']} ({f['module']}): {f['error']}")
+        say(f"nvcc -E with the JIT's flags (sm_90a): {pre['sources'] - len(pre['failed'])} of {pre['sources']} sources "
+            f"of {len(pre['modules'])} modules preprocess in the trimmed copy ({pre['wall_s']:.0f} s)")
+    for p in problems:
+        say(f"FAIL: {p}")
+    return 1 if problems else 0
+
+
+# ---- wheel checks ------------------------------------------------------------------------------------
+def verify_record(path: Path) -> list[str]:
+    problems = []
+    with zipfile.ZipFile(path) as z:
+        names = [i.filename for i in z.infolist() if not i.is_dir()]
+        records = [n for n in names if n.endswith(".dist-info/RECORD") and n.count("/") == 1]
+        if len(records) != 1:
+            return [f"{path.name}: {len(records)} RECORD files"]
+        rows = {r[0]: r for r in csv.reader(io.StringIO(z.read(records[0]).decode())) if r}
+        for n in names:
+            if n == records[0]:
+                continue
+            row = rows.get(n)
+            if row is None:
+                problems.append(f"{path.name}: {n} is not in RECORD")
+                continue
+            expect = record_line(n, z.read(n))
+            if row[1:3] != expect[1:3]:
+                problems.append(f"{path.name}: {n}: RECORD says {row[1:3]}, the file is {expect[1:3]}")
+        listed_only = set(rows) - set(names)
+        if listed_only:
+            problems.append(f"{path.name}: RECORD lists absent files: {sorted(listed_only)[:5]}")
+    return problems
+
+
+def cmd_verify_wheels(args) -> int:
+    wheels = sorted(Path(args.dir).glob("*.whl"))
+    pins = read_pins()
+    problems = []
+    by_name: dict[str, list[Path]] = {}
+    for w in wheels:
+        by_name.setdefault(wheel_name(w)[0], []).append(w)
+    for name, ws in by_name.items():
+        if len(ws) > 1:
+            problems.append(f"{name}: {len(ws)} wheels ({', '.join(w.name for w in ws)}); keep one")
+    for name, (version, digest) in pins.items():
+        ws = by_name.get(name)
+        if not ws:
+            problems.append(f"{name}=={version}: no wheel (run scripts/gpu_wheels.sh)")
+            continue
+        w = ws[0]
+        got = wheel_name(w)[1]
+        if name == "flashinfer-python":
+            man = read_trimmed_manifest(w)
+            if got != f"{version}+{TRIM_LABEL}" or man["source_sha256"] != digest:
+                problems.append(f"{w.name}: not the trimmed copy of the pinned {name}=={version}")
+        elif got != version or sha256(w) != digest:
+            problems.append(f"{w.name}: not the pinned {name}=={version} (version or sha256 differ)")
+    for name in by_name:
+        if name not in pins:
+            problems.append(f"{by_name[name][0].name}: not pinned in {PINS.name}")
+    for w in wheels:
+        problems += verify_record(w)
+    total = sum(w.stat().st_size for w in wheels)
+    for w in wheels:
+        say(f"  {w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
+    say(f"  {total / 2**20:8.2f} MiB  in {len(wheels)} wheels; RECORD checked in each")
+    for p in problems:
+        say(f"FAIL: {p}")
+    return 1 if problems else 0
+
+
+# ---- the resolver, offline ---------------------------------------------------------------------------
+def stand_in_wheel(folder: Path, name: str, version: str, requires: list[str] = (), extras: dict = None) -> Path:
+    """A wheel of metadata only: what pip's resolver reads."""
+    dist = f"{name.replace('-', '_')}-{version}"
+    lines = ["Metadata-Version: 2.1", f"Name: {name}", f"Version: {version}"]
+    lines += [f"Requires-Dist: {r}" for r in requires]
+    for extra, reqs in (extras or {}).items():
+        lines.append(f"Provides-Extra: {extra}")
+        lines += [f'Requires-Dist: {r}; extra == "{extra}"' for r in reqs]
+    files = {
+        f"{dist}.dist-info/METADATA": "\n".join(lines) + "\n",
+        f"{dist}.dist-info/WHEEL": "Wheel-Version: 1.0\nGenerator: gpu_kit\nRoot-Is-Purelib: true\nTag: py3-none-any\n",
+    }
+    path = folder / f"{dist}-py3-none-any.whl"
+    write_wheel(path, [(zipfile.ZipInfo(k), v.encode()) for k, v in files.items()], f"{dist}.dist-info")
+    return path
+
+
+def project_requirements() -> tuple[str, list[str], dict[str, list[str]]]:
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    return project["version"], project["dependencies"], project.get("optional-dependencies", {})
+
+
+def cmd_resolve(args) -> int:
+    """pip install --dry-run, offline, for the GPU machine's tags: tokenrouter[gpu] and every carried wheel,
+    from the carried wheels plus stand-ins (metadata only) for the packages the machine already has."""
+    wheel_dir = Path(args.dir).resolve()
+    carried = {wheel_name(w)[0]: wheel_name(w)[1] for w in wheel_dir.glob("*.whl")}
+    machine = read_machine()
+    shadowed = sorted(set(carried) & set(machine))
+    version, deps, extras = project_requirements()
+    with tempfile.TemporaryDirectory(prefix="gpu-kit-resolve-") as tmp:
+        stand = Path(tmp) / "machine"
+        stand.mkdir()
+        for name, v in machine.items():
+            if name not in carried:  # a carried wheel shadows the machine's copy (PYTHONPATH comes first)
+                stand_in_wheel(stand, name, v)
+        stand_in_wheel(stand, "tokenrouter", version, deps, {"gpu": extras.get("gpu", [])})
+        report = Path(tmp) / "report.json"
+        wanted = [f"tokenrouter[gpu]=={version}"] + [f"{n}=={v}" for n, v in sorted(carried.items())]
+        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
+               "--find-links", str(wheel_dir), "--find-links", str(stand), "--only-binary=:all:", *PY_TAGS,
+               *[f"--platform={p}" for p in PLATFORMS], "--target", str(Path(tmp) / "target"),
+               "--report", str(report), "--quiet", "--disable-pip-version-check", *wanted]  # fmt: skip
+        proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
+        if proc.returncode != 0:
+            say(f"FAIL: pip's resolver (offline, Python 3.12 manylinux) cannot satisfy the set:\n{proc.stderr[-4000:]}")
+            return 1
+        installs = json.loads(report.read_text())["install"]
+    chosen = {norm(i["metadata"]["name"]): (i["metadata"]["version"], i["download_info"]["url"]) for i in installs}
+    problems = []
+    for name, v in carried.items():
+        if name not in chosen or str(wheel_dir) not in chosen[name][1]:
+            problems.append(f"{name}=={v} is carried but the resolution does not use it")
+    from_machine = sorted(n for n, (_, url) in chosen.items() if str(stand) in url and n != "tokenrouter")
+    say(
+        f"pip's resolver (offline; Python 3.12, manylinux x86_64): tokenrouter[gpu] and the {len(carried)} carried "
+        f"wheels resolve; from the carried wheels: {', '.join(sorted(carried))}; from the machine's own "
+        f"packages: {', '.join(from_machine)}"
+        + (f"; carried over the machine's copy: {', '.join(shadowed)}" if shadowed else "")
+    )
+    for p in problems:
+        say(f"FAIL: {p}")
+    return 1 if problems else 0
+
+
+# ---- what travels ------------------------------------------------------------------------------------
+def travel_bytes(carry: list[str]) -> tuple[int, int, int]:
+    """(working tree, carried paths, total) in bytes: tracked files and untracked files git does not ignore,
+    as the device tool sends them, plus the carried paths."""
+    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                         capture_output=True, check=True).stdout  # fmt: skip
+    tree = 0
+    for rel in {p for p in out.decode().split("\0") if p}:
+        p = ROOT / rel
+        if p.is_file() and not p.is_symlink():
+            tree += p.stat().st_size
+    carried = 0
+    for c in carry:
+        p = ROOT / c
+        files = [p] if p.is_file() else [f for f in p.rglob("*") if f.is_file()] if p.exists() else []
+        carried += sum(f.stat().st_size for f in files)
+    return tree, carried, tree + carried
+
+
+def cmd_travel_size(args) -> int:
+    tree, carried, total = travel_bytes(args.carry)
+    ok = total <= TRAVEL_LIMIT
+    say(
+        f"what travels: working tree {tree / 2**20:.2f} MiB + carried {' '.join(args.carry)} {carried / 2**20:.2f} MiB "
+        f"= {total / 2**20:.2f} MiB of {TRAVEL_LIMIT >> 20} MiB" + ("" if ok else "  FAIL: over the limit")
+    )
+    return 0 if ok else 1
+
+
+# ---- on the GPU machine ------------------------------------------------------------------------------
+def cmd_check_env(args) -> int:
+    """Versions, the GPU, and whether every requirement of tokenrouter[gpu] and of each carried wheel is met
+    by what this interpreter imports (the carried wheels in PYTHONPATH first, then the machine's own)."""
+    import importlib.metadata as md
+
+    from packaging.requirements import Requirement
+
+    problems, report = [], {"python": sys.version.split()[0]}
+    _, deps, extras = project_requirements()
+    reqs = [("tokenrouter", r) for r in deps + extras.get("gpu", [])]
+    for w in sorted(Path(args.wheels).glob("*.whl")):
+        name = wheel_name(w)[0]
+        try:
+            dist = md.distribution(name)
+        except md.PackageNotFoundError:
+            problems.append(f"{name}: carried but not installed")
+            continue
+        if args.site and not str(dist.locate_file("")).startswith(str(Path(args.site).resolve())):
+            problems.append(f"{name}: imported from {dist.locate_file('')}, not from {args.site}")
+        reqs += [(name, r) for r in dist.requires or []]
+    for owner, text in reqs:
+        req = Requirement(text)
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue
+        try:
+            have = md.version(req.name)
+        except md.PackageNotFoundError:
+            problems.append(f"{owner} requires {text}: not installed")
+            continue
+        if req.specifier and not req.specifier.contains(have, prereleases=True):
+            problems.append(f"{owner} requires {text}: {req.name} {have} is installed")
+    for name in ("torch", "transformers", "triton", "tokenizers", "safetensors", "accelerate", "numpy", "anyio",
+                 "packaging", "typing-extensions", "ninja", "flashinfer-python", "apache-tvm-ffi", "pydantic"):  # fmt: skip
+        try:
+            report[name] = md.version(name)
+        except md.PackageNotFoundError:
+            report[name] = None
+    try:
+        import torch
+
+        report["torch_cuda"] = torch.version.cuda
+        report["gpu"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
+        report["capability"] = list(torch.cuda.get_device_capability(0)) if torch.cuda.is_available() else None
+        if not torch.cuda.is_available():
+            problems.append("torch sees no CUDA device")
+    except Exception as e:  # noqa: BLE001 - reported, not raised
+        problems.append(f"torch: {type(e).__name__}: {e}")
+    for tool, cmd in (("nvcc", ["nvcc", "--version"]), ("nvidia-smi", ["nvidia-smi", "-L"]), ("ninja", ["ninja", "--version"])):
+        try:
+            report[tool] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-1]
+        except (OSError, subprocess.SubprocessError, IndexError) as e:
+            report[tool] = None
+            problems.append(f"{tool}: {e}")
+    report["problems"] = problems
+    say(json.dumps(report, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1))
+    for p in problems:
+        say(f"FAIL: {p}")
+    return 1 if problems else 0
+
+
+def cmd_warm(args) -> int:
+    """Build every flashinfer module the kit's runs need in one ninja run over all cores (flashinfer would
+    otherwise build each at first use, one after the other), then load each."""
+    import torch
+
+    t0 = time.perf_counter()
+    import flashinfer
+    from flashinfer.jit.core import build_jit_specs
+
+    device = torch.device("cuda:0")
+    specs = warm_specs(device)
+    say(f"warm: flashinfer {flashinfer.__version__} imported in {time.perf_counter() - t0:.1f} s; building "
+        f"{len(specs)} modules with MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}:")  # fmt: skip
+    for s in specs:
+        say(f"  {s.name}")
+    t1 = time.perf_counter()
+    build_jit_specs(specs, verbose=False)
+    t2 = time.perf_counter()
+    for s in specs:
+        s.build_and_load()
+    t3 = time.perf_counter()
+    result = {"modules": [s.name for s in specs], "build_s": round(t2 - t1, 1), "load_s": round(t3 - t2, 1)}
+    say(f"warm: built in {t2 - t1:.0f} s, loaded in {t3 - t2:.1f} s")
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_jit_report(args) -> int:
+    from flashinfer.jit import env
+
+    built = sorted(p.parent.name for p in env.FLASHINFER_JIT_DIR.glob("*/*.so"))
+    warmed = json.loads(Path(args.warm_json).read_text())["modules"] if args.warm_json and Path(args.warm_json).is_file() else []
+    later = [m for m in built if m not in warmed]
+    out = {"jit_dir": str(env.FLASHINFER_JIT_DIR), "built": built, "not_in_warm": later}
+    say(json.dumps(out, indent=1))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    return 0
+
+
+def cmd_summary(args) -> int:
+    """summary.json from the stage table (name, cap, seconds, exit status, note per line) and the results."""
+    out_dir = Path(args.out)
+    stages = []
+    for line in Path(args.stages).read_text().splitlines():
+        name, cap, seconds, rc, note = (line.split("\t") + [""] * 5)[:5]
+        stages.append({"stage": name, "cap_s": int(cap), "wall_s": float(seconds), "rc": int(rc), "note": note})
+    extra = {}
+    for item in args.include:  # key=path
+        key, _, name = item.partition("=")
+        p = Path(name)
+        if p.is_file():
+            try:
+                extra[key] = json.loads(p.read_text())
+            except ValueError:
+                extra[key] = p.read_text()[-2000:]
+    summary = {
+        "attention_backend": args.attention,
+        "total_s": args.wall if args.wall is not None else round(sum(s["wall_s"] for s in stages), 1),
+        "stages": stages,
+        "results": sorted(p.name for p in out_dir.glob("*.json") if p.name != "summary.json"),
+        **extra,
+    }
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=1) + "\n")
+    width = max(len(s["stage"]) for s in stages) if stages else 5
+    say("stage times:")
+    for s in stages:
+        state = "ok" if s["rc"] == 0 else ("timed out" if s["rc"] in (124, 137) else f"exit {s['rc']}")
+        say(f"  {s['stage']:<{width}}  {s['wall_s']:6.1f} s of {s['cap_s']:3d} s  {state}  {s['note']}")
+    say(f"  {'total':<{width}}  {summary['total_s']:6.1f} s (models runs beside jit); attention backend: {args.attention}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("trim", help="repack flashinfer-python's wheel")
+    s.add_argument("wheel")
+    s.add_argument("out_dir")
+    s.add_argument("--host-site", help="tvm-ffi and nvidia-ml-py for this interpreter (scripts/gpu_wheels.sh)")
+    s.set_defaults(fn=cmd_trim)
+    s = sub.add_parser("probe", help="(internal) our kernels' JIT specs and #include closure, as JSON")
+    s.add_argument("site")
+    s.add_argument("--nvcc", action="store_true", help="also run one module of each kind through nvcc -E")
+    s.set_defaults(fn=cmd_probe)
+    s = sub.add_parser("check-trimmed", help="probe an installed trimmed flashinfer")
+    s.add_argument("site")
+    s.add_argument("--host-site")
+    s.add_argument("--cuda-home", help="a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E")
+    s.set_defaults(fn=cmd_check_trimmed)
+    s = sub.add_parser("verify-wheels", help="RECORDs, one version each, the pins")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_verify_wheels)
+    s = sub.add_parser("resolve", help="pip's resolver, offline, against stand-ins for the machine's packages")
+    s.add_argument("dir")
+    s.set_defaults(fn=cmd_resolve)
+    s = sub.add_parser("travel-size", help="bytes a device run sends")
+    s.add_argument("--carry", nargs="*", default=[".whl"])
+    s.set_defaults(fn=cmd_travel_size)
+    s = sub.add_parser("check-env", help="(GPU) versions, the GPU, requirements met")
+    s.add_argument("--wheels", default=str(ROOT / ".whl"))
+    s.add_argument("--site", default=None, help="where the carried wheels must be imported from")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_check_env)
+    s = sub.add_parser("warm", help="(GPU) build and load our flashinfer kernels")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_warm)
+    s = sub.add_parser("jit-report", help="(GPU) the flashinfer modules built")
+    s.add_argument("--warm-json")
+    s.add_argument("--json")
+    s.set_defaults(fn=cmd_jit_report)
+    s = sub.add_parser("summary", help="(GPU) summary.json and the stage times")
+    s.add_argument("--out", required=True)
+    s.add_argument("--stages", required=True)
+    s.add_argument("--attention", required=True)
+    s.add_argument("--include", nargs="*", default=[], help="KEY=FILE: a JSON file to include under KEY")
+    s.add_argument("--wall", type=float, default=None, help="the whole run's seconds (stages may overlap)")
+    s.set_defaults(fn=cmd_summary)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
