@@ -1,0 +1,278 @@
+"""results.md and pareto.png, made from results.jsonl alone (so committed raw results can be audited).
+
+Per system, over the problems it finished:
+
+- pass@1: greedy, one answer per problem, the share whose program passed `check` in the sandbox;
+- the share of output tokens each model wrote;
+- tokens processed per model (what its forwards took in: prompt, catch-ups, recomputation) and
+  engine steps per model, each per problem;
+- hand-offs per problem;
+- relative cost: sum over problems and models of tokens processed x the model's FLOPs per token,
+  over the same sum for the largest model alone on the same problems (1.0 is large alone);
+- quality s/problem: the quality phase's wall time per problem (planning only: it shares the CPU
+  with the sandbox and whatever else ran);
+- output tok/s and p50 latency: the speed phase (closed loop at C in flight, see runner.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .results import RESULTS, ResultsFile, header
+
+PLOT_HINT = "pip install 'tokenrouter[bench]'"
+
+
+@dataclass
+class Row:
+    system: str
+    n: int = 0
+    passed: int = 0
+    statuses: dict[str, int] = field(default_factory=dict)
+    tokens_by_model: dict[str, int] = field(default_factory=dict)
+    tokens_processed: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, int] = field(default_factory=dict)
+    handoffs: int = 0
+    wall_s: float = 0.0
+    wall_problems: int = 0
+    relative_cost: float | None = None
+    cost_problems: int = 0  # problems the relative cost is over (shared with the reference)
+    speed: dict | None = None
+    policy: str = ""
+    dtype: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def pass_at_1(self) -> float | None:
+        return self.passed / self.n if self.n else None
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(self.tokens_by_model.values())
+
+    def share(self, model: str) -> float | None:
+        return self.tokens_by_model.get(model, 0) / self.output_tokens if self.output_tokens else None
+
+
+@dataclass
+class Summary:
+    run: dict
+    rows: list[Row]
+    reference: str | None  # the system costs are relative to
+    models: list[str]
+
+
+def _add(into: dict, counts: dict) -> None:
+    for k, v in counts.items():
+        into[k] = into.get(k, 0) + v
+
+
+def _cost(problem: dict, flops: dict[str, int]) -> float:
+    return sum(n * flops.get(m, 0) for m, n in problem["tokens_processed"].items())
+
+
+def summarize(records: list[dict]) -> Summary:
+    run = header(records)
+    if run is None:
+        raise ValueError("not an eval results file: the first record is not a run record")
+    models = list(run["models"])
+    flops = {m: info["flops_per_token"] for m, info in run["models"].items()}
+    rows: dict[str, Row] = {}
+    problems: dict[str, dict[str, dict]] = {}  # system -> task_id -> record (the last wins)
+    singles: dict[str, str] = {}  # system -> its one model
+    for r in records:
+        t = r.get("type")
+        if t in ("system", "problem", "segment", "speed"):
+            row = rows.setdefault(r["system"], Row(r["system"]))
+        if t == "system":
+            row.policy, row.dtype = r["policy"], r.get("dtype", {})
+            if r["kind"] in ("small", "large", "single"):
+                singles[r["system"]] = r["models"][0]
+        elif t == "problem":
+            problems.setdefault(r["system"], {})[r["task_id"]] = r
+        elif t == "segment":
+            row.wall_s += r["wall_s"]
+            row.wall_problems += r["problems"]
+        elif t == "speed":
+            row.speed = r  # the latest measurement
+    for name, row in rows.items():
+        for p in problems.get(name, {}).values():
+            row.n += 1
+            row.passed += bool(p["passed"])
+            row.statuses[p["status"]] = row.statuses.get(p["status"], 0) + 1
+            _add(row.tokens_by_model, p["tokens_by_model"])
+            _add(row.tokens_processed, p["tokens_processed"])
+            _add(row.steps, p["steps_delta"])
+            row.handoffs += p["handoffs"]
+    # The reference: the largest model (by FLOPs per token) alone, if it ran.
+    largest = max(models, key=lambda m: flops[m])
+    reference = next((s for s, m in singles.items() if m == largest and problems.get(s)), None)
+    if reference is not None:
+        ref = problems[reference]
+        for name, row in rows.items():
+            mine = problems.get(name, {})
+            common = sorted(set(mine) & set(ref))
+            base = sum(_cost(ref[t], flops) for t in common)
+            if common and base > 0:
+                row.relative_cost = sum(_cost(mine[t], flops) for t in common) / base
+                row.cost_problems = len(common)
+    return Summary(run, list(rows.values()), reference, models)
+
+
+def _count(n: int) -> str:
+    for unit, size in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= size:
+            return f"{n / size:.3g} {unit}"
+    return f"{n} "
+
+
+def _f(v, fmt="{:.2f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def markdown(s: Summary) -> str:
+    run, models = s.run, s.models
+    slash = "/".join(models)
+    lines = ["# HumanEval: pass@1 against cost and speed", ""]
+    lines.append(
+        f"Greedy pass@1 over HumanEval-format problems ({run['data'].get('source', '?')}, "
+        f"{run['data'].get('problems', '?')} in the file), prompt version {run['prompt_version']}, "
+        f"at most {run['max_tokens']} new tokens, each program tested in the sandbox "
+        f"(timeout {run['sandbox']['timeout_s']:g} s)."
+    )
+    lines += ["", "Models:", ""]
+    dtypes = {}
+    for row in s.rows:
+        for m, d in row.dtype.items():
+            dtypes.setdefault(m, set()).add(d)
+    for m, info in run["models"].items():
+        computed = f", computed in {'/'.join(sorted(dtypes[m]))}" if m in dtypes else ""
+        lines.append(
+            f"- `{m}`: {info['description']}{computed}; {_count(info['parameters'])} parameters, "
+            f"{_count(info['flops_per_token'])}FLOPs per token (2 x the parameters but the input embedding)"
+        )
+    lines.append("")
+    header_row = (
+        f"| system | pass@1 | passed | tokens written {slash} | tokens processed {slash} /problem "
+        f"| steps {slash} /problem | hand-offs /problem | relative cost | output tok/s | p50 latency (s) "
+        "| quality s/problem |"
+    )
+    lines += [header_row, "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    for row in s.rows:
+        n = max(row.n, 1)
+        shares = "/".join(_f(row.share(m), "{:.0%}") for m in models)
+        processed = "/".join(f"{row.tokens_processed.get(m, 0) / n:.0f}" for m in models)
+        steps = "/".join(f"{row.steps.get(m, 0) / n:.0f}" for m in models)
+        sp = row.speed or {}
+        lines.append(
+            f"| {row.system} | {_f(row.pass_at_1, '{:.3f}')} | {row.passed}/{row.n} | {shares} | {processed} | {steps} "
+            f"| {row.handoffs / n:.1f} | {_f(row.relative_cost)} | {_f(sp.get('tok_per_s'))} | {_f(sp.get('p50_s'))} "
+            f"| {_f(row.wall_s / row.wall_problems if row.wall_problems else None, '{:.1f}')} |"
+        )
+    lines.append("")
+    if s.reference is not None:
+        lines.append(
+            f"Relative cost: tokens processed per model x FLOPs per token, summed over the problems, over "
+            f"`{s.reference}`'s on the same problems."
+        )
+    else:
+        lines.append("Relative cost: `-`, because the largest model alone did not run.")
+    speeds = [r.speed for r in s.rows if r.speed]
+    if speeds:
+        sp = speeds[-1]
+        m = sp.get("machine", {})
+        dates = sorted({x["date"][:10] for x in speeds})
+        lines.append(
+            f"Speed: its own phase, per system on a warmed engine with an empty prefix cache: a closed loop keeping "
+            f"C = {sp['concurrency']} requests in flight over the first {sp['requests']} problems, the same prompt "
+            f"and stop string as the quality phase; output tok/s = output tokens / wall time, latency from "
+            f"submission to the end of each request. Measured {', '.join(dates)} on {m.get('cpu') or '?'} "
+            f"({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''})."
+        )
+    failures = {}
+    for row in s.rows:
+        for k, v in row.statuses.items():
+            if k != "passed":
+                failures.setdefault(row.system, []).append(f"{k} {v}")
+    if failures:
+        lines += ["", "Failures by kind: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in failures.items()) + "."]
+    lines += ["", f"Made from `{RESULTS}` by `tokenrouter eval --report-only`; run: `{run.get('command', '')}`."]
+    return "\n".join(lines) + "\n"
+
+
+def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> list[int]:
+    """Indices of the points no other point beats on both axes (higher y, and lower or higher x)."""
+    front = []
+    for i, (x, y) in enumerate(points):
+        beaten = False
+        for j, (x2, y2) in enumerate(points):
+            if j == i:
+                continue
+            better_x = x2 <= x if lower_x_better else x2 >= x
+            strictly = (x2 != x) or (y2 != y)
+            if better_x and y2 >= y and strictly:
+                beaten = True
+                break
+        if not beaten:
+            front.append(i)
+    return front
+
+
+def plot(s: Summary, path: str | Path) -> Path | None:
+    """pareto.png: pass@1 against relative cost and against output tok/s, one point per system,
+    the Pareto front joined. None when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+    panels = (
+        (axes[0], "relative cost (large alone = 1)", lambda r: r.relative_cost, True),
+        (axes[1], "output tokens/s (speed phase)", lambda r: (r.speed or {}).get("tok_per_s"), False),
+    )
+    colours = {r.system: f"C{i % 10}" for i, r in enumerate(s.rows)}  # one colour per system in both panels
+    for ax, xlabel, getx, lower in panels:
+        rows = [r for r in s.rows if getx(r) is not None and r.pass_at_1 is not None]
+        pts = [(getx(r), r.pass_at_1) for r in rows]
+        front = set(pareto_front(pts, lower))
+        for i, (r, (x, y)) in enumerate(zip(rows, pts)):
+            ax.scatter([x], [y], s=60 if i in front else 30, marker="o", zorder=3, color=colours[r.system],
+                       edgecolors="black" if i in front else "none")  # fmt: skip
+            ax.annotate(r.system, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
+        line = sorted(pts[i] for i in front)
+        if len(line) > 1:
+            ax.plot([p[0] for p in line], [p[1] for p in line], "k--", lw=1, zorder=2, label="Pareto front")
+            ax.legend(fontsize="small", loc="lower right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("pass@1")
+        ax.grid(True, alpha=0.3)
+        if not rows:
+            ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+    models = ", ".join(f"{m}: {info['description'].split(';')[0]}" for m, info in s.run["models"].items())
+    fig.suptitle(f"HumanEval pass@1; {models}", fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def write_report(out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
+    """results.md and pareto.png from `out_dir/results.jsonl`; (paths written, notes)."""
+    out = Path(out_dir)
+    rf = ResultsFile(out / RESULTS)
+    if not rf.exists():
+        raise FileNotFoundError(f"{rf.path}: no results to report on")
+    summary = summarize(rf.read())
+    md = out / "results.md"
+    md.write_text(markdown(summary), encoding="utf-8")
+    written, notes = {"markdown": md}, []
+    png = plot(summary, out / "pareto.png")
+    if png is None:
+        notes.append(f"pareto.png skipped: matplotlib is not installed ({PLOT_HINT})")
+    else:
+        written["plot"] = png
+    return written, notes
