@@ -175,6 +175,8 @@ _WORDS = [
 # ---- prompts ---------------------------------------------------------------------------------
 def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     """n chat-formatted prompts (token ids, with the generation prompt), lengths about uniform in [lo, hi]."""
+    from tokenrouter.prompts import chat_ids
+
     rng = random.Random(seed)
     prompts = []
 
