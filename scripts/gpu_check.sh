@@ -189,7 +189,7 @@ torch_backend() {
 export -f install_wheels BASE_WHEELS FI_WHEELS
 
 stage install 90 bash -c "set -e; install_wheels; ls $SITE $FISITE | wc -l"
-stage env 60 $PY scripts/gpu_kit.py check-env --wheels .whl --json "$WORK/env.json" ||
+stage env 60 $PY scripts/gpu_kit.py check-env --wheels .whl --site "$WORK" --json "$WORK/env.json" ||
     echo "!! env: some requirement is not met (above); going on"
 if ! $PY -c "import flashinfer" > /dev/null 2>&1; then
     torch_backend import
