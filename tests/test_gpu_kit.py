@@ -1,0 +1,129 @@
+"""The GPU kit (docs/gpu.md): `scripts/gpu_check.sh --dry-run` checks everything short of the GPU.
+
+With .whl/ and .whl-host/ built (`bash scripts/gpu_wheels.sh`, which needs PyPI) the whole dry run
+runs: the wheel set, pip's resolver offline against the GPU machine's packages, the install, the
+trimmed flashinfer, the size of what travels, the run command, and a CPU smoke of every stage.
+Without them (a fresh clone, CI) the dry run runs with --without-wheels: everything that needs no
+wheel; the wheel checks are skipped, saying why. Neither needs the network.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = ROOT / ".whl"
+HOST = ROOT / ".whl-host" / "site"
+HAVE_WHEELS = any(WHEELS.glob("*.whl")) and HOST.is_dir()
+NO_WHEELS = "no .whl/ and .whl-host/: run 'bash scripts/gpu_wheels.sh' (needs PyPI) to check the wheel set"
+
+
+def _kit():
+    spec = importlib.util.spec_from_file_location("gpu_kit", ROOT / "scripts" / "gpu_kit.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _dry_run(*extra: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--dry-run", *extra, ],
+        cwd=ROOT, capture_output=True, text=True, timeout=900, env=None,
+    )  # fmt: skip
+
+
+@pytest.mark.skipif(not HAVE_WHEELS, reason=NO_WHEELS)
+def test_dry_run_passes():
+    done = _dry_run()
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    for check in ("wheels:", "requirements:", "stage install:", "flashinfer:", "size:", "command:", "stage env",
+                  "stage tests", "stages routed, single, eager", "stage summary"):  # fmt: skip
+        assert f"PASS {check}" in done.stdout, check
+    assert "dry run: every check passed" in done.stdout
+
+
+@pytest.mark.skipif(HAVE_WHEELS, reason="test_dry_run_passes runs the whole dry run")
+def test_dry_run_without_wheels_passes():
+    done = _dry_run("--without-wheels")
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
+    assert "skipping the wheel set" in done.stdout
+    assert "dry run: every check passed" in done.stdout
+
+
+def test_dry_run_without_wheels_built_says_what_to_do(tmp_path):
+    """Asked for the whole dry run where .whl/ is absent, it fails and names the script that builds it."""
+    tree = tmp_path / "tree"
+    (tree / "scripts").mkdir(parents=True)
+    shutil.copy(ROOT / "scripts" / "gpu_check.sh", tree / "scripts")
+    done = subprocess.run(["bash", "scripts/gpu_check.sh", "--dry-run"], cwd=tree, capture_output=True, text=True)
+    assert done.returncode == 1
+    assert "run 'bash scripts/gpu_wheels.sh' first" in done.stdout
+
+
+def test_the_documented_run_call_is_the_scripts():
+    command = subprocess.run(["bash", "scripts/gpu_check.sh", "--print-command"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.strip()  # fmt: skip
+    doc = (ROOT / "docs" / "gpu.md").read_text()
+    assert f'command="{command}"' in doc and 'carry=[".whl"]' in doc and "timeout_s=600" in doc
+    assert len(command) <= 2000
+
+
+def test_record_check_catches_a_changed_file(tmp_path):
+    kit = _kit()
+    good = tmp_path / "good"
+    good.mkdir()
+    wheel = kit.stand_in_wheel(good, "demo", "1.0", ["numpy>=1"])
+    assert kit.verify_record(wheel) == []
+    bad = tmp_path / wheel.name
+    with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(bad, "w") as dst:
+        for info in src.infolist():
+            data = src.read(info)
+            dst.writestr(info, data + b"X" if info.filename.endswith("METADATA") else data)
+    problems = kit.verify_record(bad)
+    assert len(problems) == 1 and "METADATA" in problems[0]
+
+
+def test_trimmed_metadata_drops_only_the_unused_requirements():
+    kit = _kit()
+    text = "\n".join([
+        "Metadata-Version: 2.4", "Name: flashinfer-python", "Version: 0.7.4", "Requires-Dist: apache-tvm-ffi<0.2,>=0.1.11",
+        "Requires-Dist: nvidia-cutlass-dsl>=4.8.0", "Requires-Dist: cuda-python>=12.0", "Requires-Dist: torch",
+        'Requires-Dist: nvidia-cutlass-dsl[cu13]>=4.8.0; extra == "cu13"', "", "body",
+    ])  # fmt: skip
+    out, dropped = kit.trimmed_metadata(text, "0.7.4+trim")
+    assert dropped == ["nvidia-cutlass-dsl>=4.8.0", "cuda-python>=12.0"]
+    assert "Version: 0.7.4+trim" in out and "Requires-Dist: torch" in out and "apache-tvm-ffi" in out
+    assert 'extra == "cu13"' in out and out.endswith("body")
+
+
+@pytest.mark.skipif(not HAVE_WHEELS, reason=NO_WHEELS)
+def test_the_resolver_check_fails_without_a_needed_wheel(tmp_path):
+    for w in WHEELS.glob("*.whl"):
+        if not w.name.startswith("pydantic_core-"):
+            shutil.copy(w, tmp_path)
+    done = subprocess.run([sys.executable, "scripts/gpu_kit.py", "resolve", str(tmp_path)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 1
+    assert "pydantic-core" in done.stdout
+
+
+def test_summary_lists_the_stages_with_their_times(tmp_path):
+    kit = _kit()
+    stages = tmp_path / "stages.tsv"
+    stages.write_text("install\t90\t8.5\t0\t\njit\t300\t300.0\t124\t\ntests\t120\t0\t-1\tskipped: no time left\n")
+    (tmp_path / "routed.json").write_text("{}")
+    assert kit.main(["summary", "--out", str(tmp_path), "--stages", str(stages), "--attention", "torch",
+                     "--wall", "420"]) == 0  # fmt: skip
+    import json
+
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert [s["stage"] for s in summary["stages"]] == ["install", "jit", "tests"]
+    assert summary["stages"][1]["rc"] == 124 and summary["total_s"] == 420
+    assert summary["attention_backend"] == "torch" and summary["results"] == ["routed.json"]
