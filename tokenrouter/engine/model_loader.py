@@ -2,6 +2,8 @@
 
 transformers supplies the model definition, config, tokenizer, chat template and weight loading;
 the only thing the engine changes is the attention function, so that it owns the KV cache.
+Safetensors checkpoints are read one tensor at a time (`weights.py`), so that loading peaks
+near the memory the model then holds.
 Nothing here ever reaches the Hugging Face hub.
 """
 
@@ -15,6 +17,7 @@ import torch
 from ..config import ModelSpec
 from ..errors import ModelLoadError
 from . import attention, onednn_linear
+from .weights import load_streaming
 
 _DTYPES = {
     "float32": torch.float32,
@@ -94,13 +97,15 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     dtype = resolve_dtype(spec, config)
     device = _usable_device(spec)
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            directory,
-            gguf_file=gguf,
-            dtype=dtype,
-            attn_implementation=attention.ATTN_IMPLEMENTATION,
-            local_files_only=True,
-        )
+        model = None if gguf is not None else load_streaming(config, directory, dtype, attention.ATTN_IMPLEMENTATION)
+        if model is None:
+            model = AutoModelForCausalLM.from_pretrained(
+                directory,
+                gguf_file=gguf,
+                dtype=dtype,
+                attn_implementation=attention.ATTN_IMPLEMENTATION,
+                local_files_only=True,
+            )
     except ValueError as e:
         raise ModelLoadError(f"{spec.path}: transformers cannot build a causal LM from it: {e}") from e
     except OSError as e:

@@ -61,18 +61,21 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many."""
+    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many.
+
+    One layer at a time, holding no reference to the layers already replaced: each dense weight is
+    freed as soon as its packed copy exists, so packing costs one layer's weight at the peak, not
+    a second copy of the model."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
-    replaced = 0
-    for parent in list(model.modules()):
-        for name, child in list(parent.named_children()):
-            if (
-                type(child) is not torch.nn.Linear
-                or child.weight.dtype != torch.float32
-                or child.weight.device.type != "cpu"
-            ):
-                continue
-            tied = child.weight if id(child.weight) in shared else None
-            setattr(parent, name, PackedLinear(child, tied))
-            replaced += 1
-    return replaced
+    names = [
+        name for name, m in model.named_modules()
+        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+    ]  # fmt: skip
+    for name in names:
+        owner, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(owner)
+        child = parent.get_submodule(leaf)
+        tied = child.weight if id(child.weight) in shared else None
+        setattr(parent, leaf, PackedLinear(child, tied))
+        del child, tied
+    return len(names)

@@ -1,0 +1,88 @@
+#!/usr/bin/env python
+"""Memory at load: the peak RSS while an engine loads its models, against the RSS it then holds.
+
+Each configuration runs in a fresh process: it starts an Engine on the given models (the demo
+pair by default), records VmHWM (the process's peak resident set) and VmRSS once every worker
+is ready, serves one short greedy request, and reports both. A 16 GB laptop must be able to
+start the default pair, so the peak should stay within 10% of what the engine holds afterwards.
+
+    python benchmarks/bench_load_memory.py --out benchmarks/results/load_memory/load_memory.json
+    python benchmarks/bench_load_memory.py --onednn false      # torch's linear layers
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+CHILD = r"""
+import json, sys, anyio, torch
+from tokenrouter import Engine, ModelSpec, SamplingParams, store
+from tokenrouter.policies import RStitch
+
+def vm(key):
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024
+    raise KeyError(key)
+
+onednn = {"auto": None, "true": True, "false": False}[sys.argv[1]]
+models = {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m]), onednn_linear=onednn) for m in ("small", "large")}
+torch.set_num_threads(1)
+
+async def main():
+    before = vm("VmRSS")
+    async with Engine(models=models, policy=RStitch(tau=0.03)) as e:
+        ready = {"peak": vm("VmHWM"), "rss": vm("VmRSS")}
+        out = await e.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))
+        served = {"peak": vm("VmHWM"), "rss": vm("VmRSS")}
+        kv = {m: s.kv_cache_bytes for m, s in e.stats().items()}
+    print(json.dumps({"before_bytes": before, "ready": ready, "served": served, "kv_cache_bytes": kv,
+                      "tokens": len(out.token_ids)}))
+
+anyio.run(main)
+"""
+
+
+def run(onednn: str, tree: Path | None) -> dict:
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    if tree is not None:
+        env["PYTHONPATH"] = str(tree)
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-c", CHILD, onednn], capture_output=True, text=True, env=env,
+                          cwd=tempfile.gettempdir())  # fmt: skip
+    if proc.returncode != 0:
+        raise RuntimeError(proc.stderr[-3000:])
+    rec = json.loads(proc.stdout.strip().splitlines()[-1])
+    rec["seconds"] = round(time.perf_counter() - t0, 1)
+    rec["peak_over_steady"] = rec["ready"]["peak"] / rec["served"]["rss"]
+    return rec
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--onednn", nargs="+", choices=("auto", "true", "false"), default=["auto", "false"])
+    p.add_argument("--tree", type=Path, default=None, help="run a checkout's package instead of the installed one")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    rows = {}
+    for onednn in args.onednn:
+        rec = rows[f"onednn_linear={onednn}"] = run(onednn, args.tree)
+        gb = 1e9
+        print(f"onednn_linear={onednn}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "
+              f"{rec['served']['rss'] / gb:.2f} GB (peak/steady {rec['peak_over_steady']:.3f}), {rec['seconds']} s",
+              file=sys.stderr)  # fmt: skip
+    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "models": "the demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, "
+            "Q4_K_M GGUF dequantized, stored bf16, computed in float32)", "tree": str(args.tree or "installed")}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
