@@ -49,21 +49,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import math
 import os
-import platform
 import random
 import shlex
 import statistics
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
+
+from hf_baselines import RunResult, hf_cb_measure, hf_generate_measure, hf_generate_run, load_hf, per_request
+
+from tokenrouter import ModelSpec
+from tokenrouter.bench.harness import measure
+from tokenrouter.bench.machine import CpuMeter, machine_info
+from tokenrouter.bench.metrics import percentile
+from tokenrouter.bench.workloads import Session
+from tokenrouter.engine.model_loader import load_tokenizer
 
 NUM_THREADS = 2
 # The main thread stays at one torch thread and runs no multi-threaded op: with GNU OpenMP, a second
@@ -199,42 +205,6 @@ def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[i
 
 
 # ---- results ---------------------------------------------------------------------------------
-@dataclass
-class RunResult:
-    wall_s: float
-    latencies_s: list[float]  # per prompt, in prompt order
-    tokens: list[list[int]]  # generated tokens, per prompt
-    extra: dict = field(default_factory=dict)
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(len(t) for t in self.tokens)
-
-    @property
-    def tok_per_s(self) -> float:
-        return self.num_tokens / self.wall_s
-
-    def summary(self) -> dict:
-        return {
-            "wall_s": self.wall_s,
-            "tok_per_s": self.tok_per_s,
-            "num_tokens": self.num_tokens,
-            "p50_s": percentile(self.latencies_s, 50),
-            "p99_s": percentile(self.latencies_s, 99),
-            "mean_latency_s": statistics.fmean(self.latencies_s),
-            **self.extra,
-        }
-
-
-def percentile(xs: list[float], p: float) -> float:
-    """Linear-interpolated percentile (numpy's default method)."""
-    s = sorted(xs)
-    if not s:
-        return float("nan")
-    k = (len(s) - 1) * p / 100
-    f = math.floor(k)
-    c = min(f + 1, len(s) - 1)
-    return s[f] + (s[c] - s[f]) * (k - f)
 
 
 def check_lengths(name: str, res: RunResult, lengths: list[int]) -> None:
@@ -244,44 +214,6 @@ def check_lengths(name: str, res: RunResult, lengths: list[int]) -> None:
             f"{name}: {len(bad)} request(s) did not produce their {lengths[bad[0]]} tokens "
             f"(e.g. prompt {bad[0]}: {len(res.tokens[bad[0]])})"
         )
-
-
-class CpuMeter:
-    """CPU used during a run, in cores: by this process, and by everything else on the machine.
-
-    Other processes on a shared 2-core box distort every number here; `foreign_cores` shows it.
-    """
-
-    _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-
-    @classmethod
-    def _busy_s(cls) -> float | None:
-        try:
-            with open("/proc/stat") as f:
-                vals = [int(x) for x in f.readline().split()[1:]]
-        except OSError:
-            return None
-        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
-        return (sum(vals[:8]) - idle) / cls._TICK
-
-    def __enter__(self):
-        self.t0, self.b0 = time.perf_counter(), self._busy_s()
-        t = os.times()
-        self.c0 = t.user + t.system
-        return self
-
-    def __exit__(self, *exc) -> None:
-        wall = time.perf_counter() - self.t0
-        t = os.times()
-        own = t.user + t.system - self.c0
-        b1 = self._busy_s()
-        self.self_cores = own / wall
-        self.foreign_cores = max(0.0, (b1 - self.b0 - own) / wall) if b1 is not None and self.b0 is not None else 0.0
-
-    def into(self, res: RunResult) -> RunResult:
-        res.extra["cpu_self_cores"] = self.self_cores
-        res.extra["cpu_foreign_cores"] = self.foreign_cores
-        return res
 
 
 def log(msg: str) -> None:
@@ -294,42 +226,21 @@ def _load(res: RunResult) -> str:
 
 
 # ---- (a) the engine ----------------------------------------------------------------------------
-def per_request(max_tokens, n: int) -> list[int]:
-    """Output length of each request: one int for all, or a list (mixed lengths)."""
-    return [max_tokens] * n if isinstance(max_tokens, int) else list(max_tokens)
 
 
 async def engine_run(engine, prompts, concurrency: int, max_tokens) -> RunResult:
-    from tokenrouter import SamplingParams
-
+    """A closed loop keeping `concurrency` requests in flight over the prompts (token ids), through
+    tokenrouter.bench's harness: the same client, timings and KV check as `tokenrouter bench`."""
     lengths = per_request(max_tokens, len(prompts))
-    sem = asyncio.Semaphore(concurrency)  # FIFO: requests start in prompt order
-    n = len(prompts)
-    lat = [0.0] * n
-    toks: list[list[int]] = [[] for _ in range(n)]
-    ttft = [0.0] * n
-    eng_lat = [0.0] * n
-    errors: list[str] = []
-
-    async def one(i: int) -> None:
-        async with sem:
-            t0 = time.perf_counter()
-            params = SamplingParams(temperature=0.0, max_tokens=lengths[i], ignore_eos=True)
-            out = await engine.generate(prompts[i], params)
-            lat[i] = time.perf_counter() - t0
-        if out.finish_reason == "error":
-            errors.append(f"prompt {i}: {out.error}")
-        toks[i] = list(out.token_ids)
-        ttft[i] = out.time_to_first_token or float("nan")
-        eng_lat[i] = out.latency
-
+    sessions = [Session(messages=p, max_tokens=[n]) for p, n in zip(prompts, lengths)]
     s0 = engine.stats()["m"]
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(i) for i in range(n)))
-    wall = time.perf_counter() - t0
+    run = await measure(engine, sessions, concurrency, system="engine")
     s1 = engine.stats()["m"]
-    if errors:
-        raise RuntimeError(f"engine: {len(errors)} request(s) failed: {errors[0]}")
+    failed = [t for t in run.turns if t.error is not None]
+    if failed:
+        raise RuntimeError(f"engine: {len(failed)} request(s) failed: {failed[0].error}")
+    if not run.kv_freed:
+        raise RuntimeError("engine: KV blocks were still held after the run")
     d_fwd = s1.time_forward_s - s0.time_forward_s
     d_step = s1.time_step_s - s0.time_step_s
     hist = {k: v - s0.batch_size_histogram.get(k, 0) for k, v in s1.batch_size_histogram.items()}
@@ -338,15 +249,14 @@ async def engine_run(engine, prompts, concurrency: int, max_tokens) -> RunResult
         "time_forward_s": d_fwd,
         "time_step_s": d_step,
         "time_idle_s": s1.time_idle_s - s0.time_idle_s,
-        "step_frac_of_wall": d_step / wall,
+        "step_frac_of_wall": d_step / run.wall_s,
         "steps": s1.steps - s0.steps,
         "preemptions": s1.preemptions - s0.preemptions,
         "prefix_cache_hit_tokens": s1.prefix_cache_hit_tokens - s0.prefix_cache_hit_tokens,
         "batch_size_histogram": {k: v for k, v in hist.items() if v},
-        "ttft_p50_s": percentile(ttft, 50),
-        "engine_latency_p50_s": percentile(eng_lat, 50),
+        "ttft_p50_s": percentile([t.ttft_s for t in run.turns if t.ttft_s is not None], 0.5),
     }
-    return RunResult(wall, lat, toks, extra)
+    return RunResult(run.wall_s, [t.latency_s for t in run.turns], [t.token_ids for t in run.turns], extra)
 
 
 def engine_spec(args, model_path: Path):
@@ -373,7 +283,7 @@ async def engine_measure(args, spec, prompts, lengths, warm_prompts, c: int, pro
         prof = _start_profile(args.profile, profile) if (args.profile and profile) else None
         with CpuMeter() as cpu:
             res = await engine_run(engine, prompts, c, lengths)
-        cpu.into(res)
+        res.with_cpu(cpu)
         if prof is not None:
             prof.stop()
         st = engine.stats()["m"]
@@ -382,165 +292,9 @@ async def engine_measure(args, spec, prompts, lengths, warm_prompts, c: int, pro
 
 
 # ---- (b) HF generate, static batches -------------------------------------------------------------
-def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu"):
-    from transformers import AutoModelForCausalLM
-
-    if model_path.is_file():
-        directory, gguf = model_path.parent, model_path.name
-    else:
-        directory, gguf = model_path, None
-    model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=gguf, dtype=getattr(torch, dtype), attn_implementation="sdpa", local_files_only=True
-    )
-    return model.to(device).eval()
-
-
-def load_tokenizer(model_path: Path):
-    from transformers import AutoTokenizer
-
-    if model_path.is_file():
-        return AutoTokenizer.from_pretrained(model_path.parent, gguf_file=model_path.name, local_files_only=True)
-    return AutoTokenizer.from_pretrained(model_path, local_files_only=True)
-
-
-def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens) -> RunResult:
-    """Static batches: a batch runs until its longest request is done, as with EOS in real use."""
-    from transformers import GenerationConfig
-
-    lengths = per_request(max_tokens, len(prompts))
-    n = len(prompts)
-    lat = [0.0] * n
-    toks: list[list[int]] = [[] for _ in range(n)]
-    t0 = time.perf_counter()
-    for start in range(0, n, concurrency):
-        batch = prompts[start : start + concurrency]
-        width = max(len(p) for p in batch)
-        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
-        mask = torch.zeros((len(batch), width), dtype=torch.long)
-        for j, p in enumerate(batch):  # left padding
-            ids[j, width - len(p) :] = torch.tensor(p)
-            mask[j, width - len(p) :] = 1
-        longest = max(lengths[start : start + concurrency])
-        gc = GenerationConfig(
-            max_new_tokens=longest,
-            min_new_tokens=longest,  # belt and braces: EOS is off anyway (eos_token_id=None below)
-            do_sample=False,
-            eos_token_id=None,
-            pad_token_id=pad_id,
-            bos_token_id=None,
-        )
-        tb = time.perf_counter()
-        with torch.inference_mode():
-            ids, mask = ids.to(model.device), mask.to(model.device)
-            out = model.generate(input_ids=ids, attention_mask=mask, generation_config=gc)
-        dt = time.perf_counter() - tb
-        for j in range(len(batch)):
-            lat[start + j] = dt
-            toks[start + j] = out[j, width : width + lengths[start + j]].tolist()
-    return RunResult(time.perf_counter() - t0, lat, toks)
-
-
-def hf_generate_measure(args, model, pad_id, prompts, lengths, warm_prompts, c: int) -> RunResult:
-    hf_generate_run(model, pad_id, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)  # warm-up
-    with CpuMeter() as cpu:
-        res = hf_generate_run(model, pad_id, prompts, c, lengths)
-    return cpu.into(res)
 
 
 # ---- (c) transformers continuous batching --------------------------------------------------------
-def _cb_configs(args, max_seqs: int):
-    from transformers import GenerationConfig
-    from transformers.generation.configuration_utils import ContinuousBatchingConfig
-
-    gen = GenerationConfig(max_new_tokens=args.max_tokens, do_sample=False, eos_token_id=-1, pad_token_id=0)
-    # eos_token_id=-1 is "no EOS" for continuous batching (add_request also gets eos_token_id=-1)
-    page = args.hf_cb_page_size
-    cb = ContinuousBatchingConfig(
-        page_size=page,
-        num_blocks=math.ceil(args.kv_cache_tokens / page),  # the same KV budget (in tokens) as the engine
-        max_batch_tokens=args.max_num_batched_tokens,  # the same step token budget as the engine
-        max_requests_per_batch=max_seqs,
-        auto_switch_to_flash=False,
-        use_cuda_graph=False,
-        use_async_batching=False,
-        seed=0,
-    )
-    return gen, cb
-
-
-def hf_cb_closed_run(manager, prompts, concurrency: int, max_tokens, tag: str) -> RunResult:
-    n = len(prompts)
-    lengths = per_request(max_tokens, n)
-    lat = [0.0] * n
-    toks: list[list[int]] = [[] for _ in range(n)]
-    submitted: dict[str, tuple[int, float]] = {}
-    nxt = 0
-    done = 0
-
-    def submit() -> None:
-        nonlocal nxt
-        rid = f"{tag}-{nxt}"
-        submitted[rid] = (nxt, time.perf_counter())
-        manager.add_request(prompts[nxt], request_id=rid, max_new_tokens=lengths[nxt], eos_token_id=-1)
-        nxt += 1
-
-    t0 = time.perf_counter()
-    while nxt < n and len(submitted) < concurrency:
-        submit()
-    while done < n:
-        res = manager.get_result(timeout=1.0)
-        if res is None:
-            if not manager.is_running():
-                raise RuntimeError("hf_cb: the generation thread died")
-            continue
-        if not res.is_finished():
-            continue
-        now = time.perf_counter()
-        i, ts = submitted.pop(res.request_id)
-        if res.error is not None:
-            raise RuntimeError(f"hf_cb: request {i} failed: {res.error}")
-        lat[i] = now - ts
-        toks[i] = list(res.generated_tokens)
-        done += 1
-        if nxt < n:
-            submit()
-    return RunResult(time.perf_counter() - t0, lat, toks)
-
-
-def hf_cb_generate_batch_run(model, args, prompts, concurrency: int, max_tokens: int) -> RunResult:
-    gen, cb = _cb_configs(args, concurrency)
-    gen.max_new_tokens = max_tokens
-    t0 = time.perf_counter()
-    outs = model.generate_batch(inputs=prompts, generation_config=gen, continuous_batching_config=cb, warmup=False)
-    wall = time.perf_counter() - t0
-    rows = list(outs.values())
-    # generate_batch returns the results in input order; latency from creation to finish (includes queueing)
-    lat = [o.lifespan[1] - o.created_time for o in rows]
-    return RunResult(wall, lat, [list(o.generated_tokens) for o in rows], {"note": "all submitted at t=0"})
-
-
-def hf_cb_measure(args, model, prompts, lengths, warm_prompts, c: int) -> RunResult:
-    """One measured run on a fresh manager (and so an empty paged cache), as for the engine."""
-    if args.hf_cb_api == "generate_batch":
-        hf_cb_generate_batch_run(model, args, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens)
-        with CpuMeter() as cpu:
-            res = hf_cb_generate_batch_run(model, args, prompts, c, max(lengths))
-        return cpu.into(res)
-    gen, cb = _cb_configs(args, max(args.max_num_seqs, max(args.concurrency)))
-    manager = model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb)
-    manager.start()
-    try:
-        hf_cb_closed_run(manager, warm_prompts[: args.warmup_prompts], c, args.warmup_tokens, "warm")
-        with CpuMeter() as cpu:
-            res = hf_cb_closed_run(manager, prompts, c, lengths, "run")
-        cpu.into(res)
-        cache = manager.batch_processor.cache
-        res.extra["hf_cache_num_blocks"] = cache.num_blocks
-        res.extra["hf_cache_max_batch_tokens"] = cache.max_batch_tokens
-    finally:
-        manager.stop(block=True, timeout=30)
-        manager.destroy()
-    return res
 
 
 # ---- profiling (py-spy on this process, optional) -------------------------------------------------
@@ -655,7 +409,7 @@ def main(argv: list[str] | None = None) -> int:
     log(f"model {model_path}; torch {torch.__version__}, transformers {transformers.__version__}, "
         f"{torch.get_num_threads()} threads")  # fmt: skip
 
-    tok = load_tokenizer(model_path)
+    tok = load_tokenizer(ModelSpec(path=model_path))
     def num_prompts(c: int) -> int:
         return args.num_prompts or max(8, 2 * c)
 
@@ -791,14 +545,7 @@ def main(argv: list[str] | None = None) -> int:
             "command": [sys.executable, *sys.argv],
             "args": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
             "model_path": str(model_path),
-            "env": {
-                "torch": torch.__version__,
-                "transformers": transformers.__version__,
-                "threads": torch.get_num_threads(),
-                "python": platform.python_version(),
-                "machine": platform.machine(),
-                "cpus": os.cpu_count(),
-            },
+            "env": {**machine_info(), "threads": NUM_THREADS},
             "prompt_lengths": plens,
             "summary": {n: {str(c): s for c, s in d.items()} for n, d in summary.items()},
             "runs": raw,

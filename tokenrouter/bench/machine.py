@@ -6,6 +6,7 @@ import os
 import platform
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 
@@ -46,3 +47,35 @@ def machine_info() -> dict:
     except (OSError, subprocess.SubprocessError):
         pass
     return info
+
+
+class CpuMeter:
+    """CPU used during a run, in cores: by this process, and by everything else on the machine.
+
+    Other processes on a shared small box distort every number; `foreign_cores` shows it."""
+
+    _TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+    @classmethod
+    def _busy_s(cls) -> float | None:
+        try:
+            with open("/proc/stat") as f:
+                vals = [int(x) for x in f.readline().split()[1:]]
+        except OSError:
+            return None
+        idle = vals[3] + (vals[4] if len(vals) > 4 else 0)
+        return (sum(vals[:8]) - idle) / cls._TICK
+
+    def __enter__(self) -> CpuMeter:
+        self.t0, self.b0 = time.perf_counter(), self._busy_s()
+        t = os.times()
+        self.c0 = t.user + t.system
+        return self
+
+    def __exit__(self, *exc) -> None:
+        wall = time.perf_counter() - self.t0
+        t = os.times()
+        own = t.user + t.system - self.c0
+        b1 = self._busy_s()
+        self.self_cores = own / wall
+        self.foreign_cores = max(0.0, (b1 - self.b0 - own) / wall) if b1 is not None and self.b0 is not None else 0.0
