@@ -171,6 +171,25 @@ def test_encoder_decoder_is_rejected(tmp_path):
         anyio.run(main)
 
 
+@pytest.mark.parametrize(
+    "arch, overrides, reason",
+    [
+        ("gemma2", dict(head_dim=16, attn_logit_softcapping=50.0), "caps its attention logits"),
+        ("gpt_oss", dict(head_dim=16, num_local_experts=2, num_experts_per_tok=1), "learned attention sinks"),
+    ],
+)
+def test_attention_the_paged_backends_do_not_compute_fails_at_load(tmp_path, tokenizer, arch, overrides, reason):
+    """README's exceptions to "any decoder-only model": refused when the engine starts, with why."""
+    path = build_tiny_model(tmp_path / arch, arch, tokenizer=tokenizer, **overrides)
+
+    async def main():
+        async with Engine(models={"m": path}):
+            pass
+
+    with pytest.raises(ModelLoadError, match=reason):
+        anyio.run(main)
+
+
 # ---- defaults and store names ------------------------------------------------------------------
 def test_engine_without_models_names_the_pull_command(monkeypatch, tmp_path):
     from tokenrouter import Engine, ModelLoadError

@@ -110,6 +110,7 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
         raise ModelLoadError(f"{spec.path}: transformers cannot build a causal LM from it: {e}") from e
     except OSError as e:
         raise ModelLoadError(f"cannot load the weights of {spec.path}: {e}") from e
+    _check_attention(spec, model)
     model.to(device).eval()
     vocab_size = model.get_output_embeddings().weight.shape[0]
     linear_kernel = _pack_linears(spec, model, dtype, device)
@@ -126,6 +127,22 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
         eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
     )
+
+
+def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:
+    """The attention variants the paged backends do not compute fail at load, naming the reason,
+    not at the first step: logit soft-capping (Gemma 2) and learned attention sinks (gpt-oss)."""
+    text = model.config.get_text_config()
+    if getattr(text, "attn_logit_softcapping", None):
+        raise ModelLoadError(
+            f"{spec.path}: {type(model).__name__} caps its attention logits (attn_logit_softcapping), "
+            "which the paged attention backends do not support"
+        )
+    if any(isinstance(getattr(m, "sinks", None), torch.Tensor) for m in model.modules()):
+        raise ModelLoadError(
+            f"{spec.path}: {type(model).__name__} uses learned attention sinks, which the paged attention "
+            "backends do not support"
+        )
 
 
 def _usable_device(spec: ModelSpec) -> torch.device:
