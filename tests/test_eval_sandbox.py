@@ -64,13 +64,13 @@ def test_an_endless_program_is_killed_at_the_timeout(body):
     took = time.monotonic() - t0
     assert out.status == "timeout", out
     assert "timed out" in out.error
-    assert FAST.timeout_s <= took < FAST.timeout_s + 3
+    assert FAST.timeout_s <= took < FAST.timeout_s + 5
 
 
 def test_the_cpu_limit_holds_without_the_wall_clock():
-    out = run_program("while True:\n    pass\n", Limits(timeout_s=5, cpu_s=1, memory_bytes=512 << 20))
+    out = run_program("while True:\n    pass\n", Limits(timeout_s=60, cpu_s=1, memory_bytes=512 << 20))
     assert out.status == "timeout" and "CPU time limit" in out.error, out
-    assert out.duration_s < 4
+    assert out.duration_s < 30  # one CPU second, however loaded the machine
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_the_cpu_limit_holds_without_the_wall_clock():
 def test_a_memory_bomb_fails_only_itself(bomb):
     out = run_program(bomb, Limits(timeout_s=5, memory_bytes=256 << 20))
     assert out.status == "failed" and out.error.startswith("MemoryError"), out
-    assert out.duration_s < 4
+    assert out.duration_s < 10
 
 
 def test_output_is_bounded_by_the_file_size_limit():
@@ -192,6 +192,19 @@ def test_it_runs_as_a_uid_of_its_own_with_a_minimal_environment():
     assert "[]" in out.stdout  # no supplementary groups
     assert "['HOME', 'LANG', 'LC_ALL', 'PATH', 'TMPDIR']" in out.stdout
     assert out.stdout.split()[-1] == "1"
+
+
+def test_temporary_files_work_inside_and_dir_fd_tricks_do_not(tmp_path):
+    code = (
+        "import os, tempfile\n"
+        "with tempfile.TemporaryFile() as f:\n    f.write(b'x')\n"
+        "fd, name = tempfile.mkstemp()\nos.close(fd)\nassert name.startswith(os.getcwd())\n"
+        f"d = os.open({str(tmp_path)!r}, os.O_RDONLY)\n"
+        "os.open('made-by-dir-fd', os.O_WRONLY | os.O_CREAT, dir_fd=d)\n"
+    )
+    out = run_program(code, Limits(timeout_s=1.5, drop_privileges=False))  # the hook alone, able to reach tmp_path
+    assert out.status == "failed" and "needs an absolute path" in out.error, out
+    assert not (tmp_path / "made-by-dir-fd").exists()
 
 
 def test_stdin_is_closed():

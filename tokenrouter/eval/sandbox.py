@@ -145,7 +145,7 @@ if cfg["hook"]:
         raise PermissionError("sandbox: creating processes is not allowed")
     _posixsubprocess.fork_exec = _refused
     root = os.path.realpath(cfg["root"])
-    realpath, fspath, fsdecode, sep = os.path.realpath, os.fspath, os.fsdecode, os.sep
+    realpath, isabs, fspath, fsdecode, sep = os.path.realpath, os.path.isabs, os.fspath, os.fsdecode, os.sep
     WRITE = os.O_WRONLY | os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_TRUNC
     # event: (positions of paths, positions of dir_fd arguments)
     PATHS = {
@@ -176,8 +176,9 @@ if cfg["hook"]:
         if event == "open":
             path, mode, flags = (tuple(args) + (None, None, None))[:3]
             writes = bool((flags or 0) & WRITE) or any(c in (mode or "") for c in "wax+")
-            if writes and (mode is None and not isinstance(path, int)):
-                raise PermissionError("sandbox: os.open for writing is not allowed (use open())")
+            if writes and mode is None and not isinstance(path, int) and not isabs(fsdecode(fspath(path))):
+                # os.open's event does not say its dir_fd: only an absolute path says where it writes
+                raise PermissionError("sandbox: os.open for writing needs an absolute path (or use open())")
             if not writes:
                 return
             busy.append(1)
@@ -240,16 +241,19 @@ def _candidates() -> list[str]:
     return [p for p in dict.fromkeys(found) if p and os.path.isfile(p)]
 
 
-def _probe(python: str, uid: int | None) -> bool:
+def _probe(python: str, uid: int | None) -> str | None:
+    """None when `python` runs as `uid`, else why not."""
     ids = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     try:
         done = subprocess.run(
             [python, "-I", "-S", "-B", "-c", "import sys, resource, json; assert sys.version_info >= (3, 8)"],
             stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd="/", env=_env("/"), check=False, **ids,
         )  # fmt: skip
-    except (OSError, subprocess.SubprocessError):
-        return False
-    return done.returncode == 0
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"{type(e).__name__}: {e}"
+    if done.returncode != 0:
+        return (done.stderr.decode(errors="replace").strip().splitlines() or [f"exit status {done.returncode}"])[-1]
+    return None
 
 
 def interpreter(uid: int | None) -> str:
@@ -259,15 +263,19 @@ def interpreter(uid: int | None) -> str:
     key = uid is not None
     with _python_lock:
         if key not in _python_cache:
-            tried = _candidates()
-            ok = next((p for p in tried if _probe(p, uid)), None)
-            if ok is None:
+            why = {}
+            for candidate in _candidates():
+                why[candidate] = _probe(candidate, uid)
+                if why[candidate] is None:
+                    _python_cache[key] = candidate
+                    break
+            else:
                 who = f"uid {uid}" if uid is not None else "this user"
+                tried = "; ".join(f"{p}: {w}" for p, w in why.items()) or "none found"
                 raise SandboxError(
-                    f"no Python interpreter that {who} can run (tried {', '.join(tried) or 'none'}); "
-                    f"set {PYTHON_ENV} to one, e.g. /usr/bin/python3"
+                    f"no Python interpreter that {who} can run ({tried}); set {PYTHON_ENV} to one, e.g. "
+                    "/usr/bin/python3" + (" (or the uid cannot be used here)" if uid is not None else "")
                 )
-            _python_cache[key] = ok
         return _python_cache[key]
 
 
