@@ -299,4 +299,4 @@ def test_the_summary_from_records_alone():
     assert routed.relative_cost == pytest.approx((100 * 1 + 50 * 3) / 300)  # over problem "a" only
     assert routed.share("small") == 0.8
     md = markdown(s)
-    assert "| r | 0.000 | 0/1 | 80%/20% |" in md and "| 0.83 | 5.00 | 2.00 |" in md
+    assert "| r | 0.000 | 0/1 | 10 | 80%/20% |" in md and "| 0.83 | 5.00 | 2.00 |" in md

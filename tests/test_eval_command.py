@@ -54,7 +54,7 @@ def test_quick_runs_the_whole_pipeline(tmp_path, data, capsys):
     routed = [r for (s, _), r in done.items() if s == "rstitch:0.2"]
     assert sum(r["handoffs"] for r in routed) > 0  # the tiny pair routes both ways at 0.2
     md = (out / "results.md").read_text()
-    assert "| rstitch:0.2 |" in md and "| large | 0.000 | 0/3 | 0%/100% |" in md
+    assert "| rstitch:0.2 |" in md and "| large | 0.000 | 0/3 | 24 | 0%/100% |" in md
     assert (out / "pareto.png").stat().st_size > 0
     assert "| system | pass@1 |" in capsys.readouterr().out
     # The report is made from results.jsonl alone.

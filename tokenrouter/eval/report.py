@@ -34,6 +34,7 @@ class Row:
     tokens_processed: dict[str, int] = field(default_factory=dict)
     steps: dict[str, int] = field(default_factory=dict)
     handoffs: int = 0
+    capped: int = 0  # answers cut at max_tokens
     wall_s: float = 0.0
     wall_problems: int = 0
     relative_cost: float | None = None
@@ -104,6 +105,7 @@ def summarize(records: list[dict]) -> Summary:
             _add(row.tokens_processed, p["tokens_processed"])
             _add(row.steps, p["steps_delta"])
             row.handoffs += p["handoffs"]
+            row.capped += p.get("finish_reason") == "length"
     # The reference: the largest model (by FLOPs per token) alone, if it ran.
     largest = max(models, key=lambda m: flops[m])
     reference = next((s for s, m in singles.items() if m == largest and problems.get(s)), None)
@@ -153,11 +155,11 @@ def markdown(s: Summary) -> str:
         )
     lines.append("")
     header_row = (
-        f"| system | pass@1 | passed | tokens written {slash} | tokens processed {slash} /problem "
+        f"| system | pass@1 | passed | output tokens /problem | tokens written {slash} | tokens processed {slash} /problem "
         f"| steps {slash} /problem | hand-offs /problem | relative cost | output tok/s | p50 latency (s) "
         "| quality s/problem |"
     )
-    lines += [header_row, "|---|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
+    lines += [header_row, "|---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for row in s.rows:
         n = max(row.n, 1)
         shares = "/".join(_f(row.share(m), "{:.0%}") for m in models)
@@ -165,7 +167,8 @@ def markdown(s: Summary) -> str:
         steps = "/".join(f"{row.steps.get(m, 0) / n:.0f}" for m in models)
         sp = row.speed or {}
         lines.append(
-            f"| {row.system} | {_f(row.pass_at_1, '{:.3f}')} | {row.passed}/{row.n} | {shares} | {processed} | {steps} "
+            f"| {row.system} | {_f(row.pass_at_1, '{:.3f}')} | {row.passed}/{row.n} | {row.output_tokens / n:.0f} "
+            f"| {shares} | {processed} | {steps} "
             f"| {row.handoffs / n:.1f} | {_f(row.relative_cost)} | {_f(sp.get('tok_per_s'))} | {_f(sp.get('p50_s'))} "
             f"| {_f(row.wall_s / row.wall_problems if row.wall_problems else None, '{:.1f}')} |"
         )
@@ -194,6 +197,8 @@ def markdown(s: Summary) -> str:
         for k, v in row.statuses.items():
             if k != "passed":
                 failures.setdefault(row.system, []).append(f"{k} {v}")
+        if row.capped:
+            failures.setdefault(row.system, []).append(f"(answers cut at max_tokens: {row.capped})")
     if failures:
         lines += ["", "Failures by kind: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in failures.items()) + "."]
     lines += ["", f"Made from `{RESULTS}` by `tokenrouter eval --report-only`; run: `{run.get('command', '')}`."]
