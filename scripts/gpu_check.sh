@@ -5,6 +5,7 @@
 # timeout_s=600). In 8 minutes at most (GPU_KIT_BUDGET_S=480), each stage under its own cap, it
 #   install  installs the carried wheels (.whl/, made by scripts/gpu_wheels.sh) into /tmp/gpu-kit
 #   env      prints versions and the GPU, and checks every requirement is met
+#   import   imports flashinfer (and tvm-ffi, which may build a small torch extension once)
 #   jit      builds our flashinfer kernels in one parallel ninja run (the random-weight pair is written
 #            meanwhile); if flashinfer fails to build or import, the later stages run torch's attention
 #            backend on CUDA instead (flashinfer is left off PYTHONPATH), and the log says so
@@ -33,7 +34,7 @@ for a in "$@"; do
         --dry-run) DRY=1 ;;
         --without-wheels) WITHOUT_WHEELS=1 ;;
         --print-command) echo "$RUN_COMMAND"; exit 0 ;;
-        -h | --help) sed -n '2,26p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "gpu_check.sh: unknown argument $a (--dry-run, --without-wheels, --print-command)"; exit 2 ;;
     esac
 done
@@ -149,7 +150,7 @@ mkdir -p "$WORK" "$BENCH"
 : > "$STAGES"
 export WORK SITE FISITE
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false TOKENROUTER_HOME=$WORK/home
-export FLASHINFER_WORKSPACE_BASE=$WORK MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export FLASHINFER_WORKSPACE_BASE=$WORK TVM_FFI_CACHE_DIR=$WORK/tvm-ffi MAX_JOBS=${MAX_JOBS:-$(nproc)}
 export PYTHONPATH="$ROOT:$SITE:$FISITE"
 ATTN=flashinfer
 PY=python3
@@ -191,10 +192,10 @@ export -f install_wheels BASE_WHEELS FI_WHEELS
 stage install 90 bash -c "set -e; install_wheels; ls $SITE $FISITE | wc -l"
 stage env 60 $PY scripts/gpu_kit.py check-env --wheels .whl --site "$WORK" --json "$WORK/env.json" ||
     echo "!! env: some requirement is not met (above); going on"
-if ! $PY -c "import flashinfer" > /dev/null 2>&1; then
+# The first import of flashinfer imports tvm-ffi, which builds a small torch extension once (cached in
+# TVM_FFI_CACHE_DIR) when this torch lacks the DLPack C exchange API; hence a stage of its own.
+stage import 150 $PY -c "import time; t = time.time(); import flashinfer; print(f'flashinfer {flashinfer.__version__} from {flashinfer.__file__}, imported in {time.time() - t:.1f} s')" ||
     torch_backend import
-    $PY -c "import flashinfer" 2>&1 | tail -5
-fi
 TOKENIZER=()
 [ -f "$WORK/tokenizer/tokenizer.json" ] && TOKENIZER=(--tokenizer "$WORK/tokenizer")
 # GPU_KIT_BENCH_ARGS: extra bench_gpu.py arguments, to walk this script through on a CPU machine
