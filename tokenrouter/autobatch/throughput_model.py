@@ -466,14 +466,10 @@ class TwoModelChain:
 
 
 def transition_matrix(
-    latency: Mapping[str, StepLatency],
-    routing: Mapping[str, RoutingStats],
-    concurrency: int,
-    batch_min: Mapping[str, int] | None = None,
-    batch_wait_s: float = 0.02,
-    max_batch: Mapping[str, int] | None = None,
-    shared_device: float = 0.0,
-) -> np.ndarray:
+    latency: Mapping[str, StepLatency], routing: Mapping[str, RoutingStats], concurrency: int,
+    batch_min: Mapping[str, int] | None = None, batch_wait_s: float = 0.02,
+    max_batch: Mapping[str, int] | None = None, shared_device: float = 0.0,
+) -> np.ndarray:  # fmt: skip
     """The (C+1) x (C+1) one-slot transition matrix of the chain of overlapping steps (not the
     turn-taking one); state n = requests on the first model."""
     names = _names(latency, routing)

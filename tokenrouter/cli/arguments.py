@@ -39,6 +39,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def optional_count(group, flag: str, help: str, metavar: str = "N", **kw) -> None:
+    """An option taking an integer >= 1, None when it is not given (the command picks)."""
+    group.add_argument(flag, type=positive_int, default=None, metavar=metavar, help=help, **kw)
+
+
 def positive_seconds(text: str) -> float:
     try:
         value = float(text)
@@ -119,10 +124,7 @@ def add_routing_options(g) -> None:
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and routing")
     add_routing_options(g)
-    g.add_argument(
-        "--threads", type=positive_int, default=None,
-        help="torch threads per worker (default: on CPU the workers take turns, each step on every core)",
-    )  # fmt: skip
+    optional_count(g, "--threads", "torch threads per worker (default: on CPU the workers take turns, each step on every core)")
     g.add_argument(
         "--kv-cache-tokens", type=positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
     )

@@ -7,7 +7,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .arguments import UsageError, add_routing_options, positive_int, positive_seconds
+from .arguments import UsageError, add_routing_options, optional_count, positive_int, positive_seconds
 from .engine_setup import device_from_arg, model_paths, policy_from_args
 from .output import status
 
@@ -52,16 +52,13 @@ def add_parsers(sub) -> None:
         f"{SIZES['agentic']['cpu'].history_tokens} (cpu) tokens, {SIZES['agentic']['gpu'].turns} or "
         f"{SIZES['agentic']['cpu'].turns} turns",
     )  # fmt: skip
-    w.add_argument(
-        "--max-tokens", type=positive_int, default=None, metavar="N",
-        help="override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
+    optional_count(
+        w, "--max-tokens",
+        "override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
         "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
     )  # fmt: skip
-    w.add_argument("--history-tokens", type=positive_int, default=None, metavar="N",
-                   help="override the agentic history's size, in tokens")  # fmt: skip
-    w.add_argument(
-        "--turns", type=positive_int, default=None, metavar="N", help="override the agentic turns per session"
-    )
+    optional_count(w, "--history-tokens", "override the agentic history's size, in tokens")
+    optional_count(w, "--turns", "override the agentic turns per session")
     w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
     r = b.add_argument_group("runs")
     r.add_argument(
@@ -72,33 +69,24 @@ def add_parsers(sub) -> None:
         "--concurrency", nargs="+", type=positive_int, default=None, metavar="C",
         help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 3)",
     )  # fmt: skip
-    r.add_argument(
-        "--repeats", type=positive_int, default=None, metavar="N",
-        help="measured runs per level, each on a fresh engine; the table shows medians (default 2)",
-    )  # fmt: skip
-    r.add_argument(
-        "--requests", type=positive_int, default=None, metavar="N",
-        help="requests (agentic: sessions) per level (default max(2, C); --quick: C)",
-    )  # fmt: skip
+    optional_count(r, "--repeats", "measured runs per level, each on a fresh engine; the table shows medians (default 2)")
+    optional_count(r, "--requests", "requests (agentic: sessions) per level (default max(2, C); --quick: C)")
     r.add_argument(
         "--max-run-s", type=positive_seconds, default=None, metavar="S",
         help="cap each run's wall time: in-flight requests are cancelled, throughput is over the time it ran, "
         "latencies are of the requests that completed, and the table marks the run with a dagger",
     )  # fmt: skip
-    r.add_argument(
-        "--kv-cache-tokens", type=positive_int, default=None, metavar="N",
-        help="KV cache budget per model, in tokens, the same for every system (default: enough for every "
+    optional_count(
+        r, "--kv-cache-tokens",
+        "KV cache budget per model, in tokens, the same for every system (default: enough for every "
         "request of the largest level at once, at least 8192)",
     )  # fmt: skip
-    r.add_argument(
-        "--threads", type=positive_int, default=None, metavar="N",
-        help="torch threads per worker of routed and standard, stepping at once (default: on CPU their "
+    optional_count(
+        r, "--threads",
+        "torch threads per worker of routed and standard, stepping at once (default: on CPU their "
         "workers take turns, each step on every core)",
     )  # fmt: skip
-    r.add_argument(
-        "--threads-lockstep", type=positive_int, default=None, metavar="N",
-        help="torch threads of lockstep's one stepping thread (default: every core)",
-    )  # fmt: skip
+    optional_count(r, "--threads-lockstep", "torch threads of lockstep's one stepping thread (default: every core)")
     r.add_argument(
         "--reuse-engines", action="store_true",
         help="load one engine per system and reuse it for all its runs, forgetting its prefix cache before "

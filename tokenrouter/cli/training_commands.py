@@ -8,7 +8,7 @@ import os
 import time
 
 from .. import store
-from .arguments import LEARNED, UsageError, fraction, model_arg, positive_int
+from .arguments import LEARNED, UsageError, fraction, model_arg, optional_count, positive_int
 from .engine_setup import model_path
 from .output import status
 
@@ -52,7 +52,7 @@ def add_parsers(sub) -> None:
     )  # fmt: skip
     lab.add_argument("--out", required=True, metavar="DIR", help="directory to write the labels to")
     lab.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
-    lab.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    optional_count(lab, "--threads", "torch threads (default: all cores)")
     lab.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
     tr = sub.add_parser(
@@ -76,17 +76,14 @@ def add_parsers(sub) -> None:
         "--large-share", type=fraction(False, False), default=None, metavar="X",
         help="pick the threshold so that the large model writes this share of held-out tokens, in [0, 1]",
     )  # fmt: skip
-    tr.add_argument(
-        "--epochs", type=positive_int, default=None,
-        help="training epochs (default: enough for about 500 steps, 3 to 50)",
-    )  # fmt: skip
+    optional_count(tr, "--epochs", "training epochs (default: enough for about 500 steps, 3 to 50)")
     tr.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches (default 0)")
     tr.add_argument(
         "--heldout", type=fraction(True, True), default=0.2,
         help="share of the examples held out to pick the threshold and report metrics, in (0, 1) (default 0.2)",
     )  # fmt: skip
     tr.add_argument("--width", type=positive_int, default=256, help="the router MLP's width (default 256)")
-    tr.add_argument("--threads", type=positive_int, default=None, help="torch threads (default: all cores)")
+    optional_count(tr, "--threads", "torch threads (default: all cores)")
     tr.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     lab.set_defaults(run=run)
     tr.set_defaults(run=run)

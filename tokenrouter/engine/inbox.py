@@ -18,7 +18,8 @@ from .sequence import Request
 
 @dataclass(frozen=True)
 class Submit:
-    """A new request from the caller."""
+    """A new request from the caller: the worker admits it as a sequence of its own and
+    prefills it (or takes its cached prefix)."""
 
     req: Request
 
@@ -40,7 +41,8 @@ class Abort:
 
 @dataclass(frozen=True)
 class Release:
-    """Drop the pending copy of a request that ended elsewhere."""
+    """Drop the pending copy of a request that ended elsewhere: the owner has already told the
+    caller, so nothing is reported."""
 
     request_id: str
 

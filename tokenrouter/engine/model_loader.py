@@ -116,17 +116,10 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     linear_kernel = _pack_linears(spec, model, dtype, device)
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
-        name=name,
-        spec=spec,
-        model=model,
-        tokenizer=tokenizer,
-        dtype=dtype,
-        device=device,
-        vocab_size=vocab_size,
-        max_model_len=_max_model_len(spec, model.config, tokenizer),
-        eos_token_ids=_eos_ids(model, tokenizer),
+        name=name, spec=spec, model=model, tokenizer=tokenizer, dtype=dtype, device=device, vocab_size=vocab_size,
+        max_model_len=_max_model_len(spec, model.config, tokenizer), eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
-    )
+    )  # fmt: skip
 
 
 def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:

@@ -316,14 +316,9 @@ class Labels:
                 ModelEntry(name=n, path=p, identity=i, num_parameters=c)
                 for n, p, i, c in zip(self.model_names, self.model_paths, self.identities, self.num_parameters)
             ],
-            num_examples=self.num_examples,
-            top_k=self.top_k,
-            hidden_size=self.hidden_size,
-            dtype=self.dtype,
-            max_tokens_per_example=self.max_tokens_per_example,
-            source=self.source,
-            summary=summary(self),
-        )
+            num_examples=self.num_examples, top_k=self.top_k, hidden_size=self.hidden_size, dtype=self.dtype,
+            max_tokens_per_example=self.max_tokens_per_example, source=self.source, summary=summary(self),
+        )  # fmt: skip
 
     def save(self, directory: str | Path) -> Path:
         """Write `labels.safetensors` and `labels.json` into `directory` (created if needed)."""
