@@ -2,8 +2,8 @@
 
     .venv/bin/python scripts/check_promises.py [NAME ...]
 
-For every promise of docs/reliability.md this applies one small mutation that breaks it to a
-copy of the source tree, runs the tests that guard the promise on that copy, and expects them
+For every promise of docs/reliability.md, and every policy's rule (tests/test_policy_rules.py),
+this applies one small mutation that breaks it to a copy of the source tree, runs the tests that guard the promise on that copy, and expects them
 to FAIL (a run that hangs past the limit counts as failing too). The unmodified tree must pass
 the same tests first. Takes about ten minutes on two cores; not part of the test suite.
 """
@@ -38,11 +38,9 @@ MUTATIONS = [
     Mutation(
         "abort-keeps-pending-kv",
         "an abort frees the request's KV on every worker, pending copies included",
-        "tokenrouter/engine/worker.py",
-        "                    owner = seq.status is not SeqStatus.PENDING\n                    self._release(seq)\n"
-        "                    if owner:\n",
-        "                    owner = seq.status is not SeqStatus.PENDING\n                    if owner:\n"
-        "                        self._release(seq)\n",
+        "tokenrouter/engine/model_core.py",
+        "            owner = seq.status is not SeqStatus.PENDING\n            self._release(seq)\n            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n            if owner:\n                self._release(seq)\n",
         ("tests/test_cancellation.py", "-k", "pending_at_peer"),
     ),
     Mutation(
@@ -57,24 +55,24 @@ MUTATIONS = [
     Mutation(
         "handoff-after-abort-runs",
         "a hand-off that arrives after its request was aborted is ended, not run",
-        "tokenrouter/engine/worker.py",
-        "        if req.aborted or self._stopping or self._closed:",
-        "        if self._stopping or self._closed:",
+        "tokenrouter/engine/model_core.py",
+        "        if req.aborted or refuse:  # aborted in transit: end it here",
+        "        if refuse:",
         ("tests/test_cancellation.py", "-k", "handing_off"),
     ),
     Mutation(
         "close-forgets-requests",
         "closing the engine ends every request in flight",
-        "tokenrouter/engine/worker.py",
-        '        self._end_all("abort" if self.error is None else "error", self.error)\n',
+        "tokenrouter/engine/worker_thread.py",
+        '        self.core.end_all("abort" if self.error is None else "error", self.error, out)\n',
         "        pass\n",
         ("tests/test_cancellation.py", "-k", "engine_exit"),
     ),
     Mutation(
         "dead-worker-keeps-peer-kv",
         "a dying worker's requests fail with the cause and free their KV on the other workers",
-        "tokenrouter/engine/worker.py",
-        "                self._release_peers(seq.request_id)  # free its pending copies on the other workers\n",
+        "tokenrouter/engine/model_core.py",
+        "                out.releases.append(seq.request_id)  # free its pending copies on the other workers\n",
         "",
         ("tests/test_faults.py", "-k", "dead_worker"),
     ),
@@ -89,7 +87,7 @@ MUTATIONS = [
     Mutation(
         "failed-forward-kills-worker",
         "an exception in a forward fails that batch's requests only",
-        "tokenrouter/engine/worker.py",
+        "tokenrouter/engine/model_core.py",
         "            except Exception as e:  # a failed forward fails its batch, not the worker\n",
         "            except ZeroDivisionError as e:\n",
         ("tests/test_faults.py", "-k", "failed_forward"),
@@ -113,20 +111,18 @@ MUTATIONS = [
     Mutation(
         "ends-twice",
         "every request ends exactly once",
-        "tokenrouter/engine/worker.py",
-        "        events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n",
-        "        events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n"
-        "        events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
+        "tokenrouter/engine/model_core.py",
+        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n",
+        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n"
+        "        out.events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
         ("tests/test_load.py",),
     ),
     Mutation(
         "abort-keeps-pending-kv-fuzz",
         "random interleavings keep every invariant (here: pools end free)",
-        "tokenrouter/engine/worker.py",
-        "                    owner = seq.status is not SeqStatus.PENDING\n                    self._release(seq)\n"
-        "                    if owner:\n",
-        "                    owner = seq.status is not SeqStatus.PENDING\n                    if owner:\n"
-        "                        self._release(seq)\n",
+        "tokenrouter/engine/model_core.py",
+        "            owner = seq.status is not SeqStatus.PENDING\n            self._release(seq)\n            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n            if owner:\n                self._release(seq)\n",
         ("tests/test_concurrency.py", "-k", "interleavings"),
     ),
     Mutation(
@@ -160,6 +156,95 @@ MUTATIONS = [
         '"\\x00"',
         '"\\x01\\x02"',
         ("tests/test_bad_input.py",),
+    ),
+    # ---- the policies' rules (tests/test_policy_rules.py): each comparison at its boundary ----
+    Mutation(
+        "entropy-wrong-scale",
+        "normalized entropy is H / log V",
+        "tokenrouter/policies/base.py",
+        "    return h / math.log(logits.shape[-1])\n",
+        "    return h / math.log(logits.shape[-1] + 1)\n",
+        ("tests/test_policy_rules.py", "-k", "entropy"),
+    ),
+    Mutation(
+        "rstitch-strict-boundary",
+        "RStitch keeps the small model's token when H <= tau",
+        "tokenrouter/policies/rstitch.py",
+        "        confident = result.entropy <= self.tau\n",
+        "        confident = result.entropy < self.tau\n",
+        ("tests/test_policy_rules.py", "-k", "rstitch"),
+    ),
+    Mutation(
+        "rstitch-large-discards",
+        "RStitch's large model keeps every token it writes",
+        "tokenrouter/policies/rstitch.py",
+        "        return Route(keep=torch.ones_like(confident), next_model=next_model)\n",
+        "        return Route(keep=confident, next_model=next_model)\n",
+        ("tests/test_policy_rules.py", "-k", "rstitch"),
+    ),
+    Mutation(
+        "escalation-stays-up",
+        "after an accepted token, escalation returns control to the smallest model",
+        "tokenrouter/policies/escalation.py",
+        "        next_model = torch.where(escalate, i + 1, 0)\n",
+        "        next_model = torch.where(escalate, i + 1, i)\n",
+        ("tests/test_policy_rules.py", "-k", "escalation"),
+    ),
+    Mutation(
+        "escalation-inclusive",
+        "escalation escalates when H > tau, not at tau",
+        "tokenrouter/policies/escalation.py",
+        "        escalate = result.entropy.cpu() > self.taus[i]\n",
+        "        escalate = result.entropy.cpu() >= self.taus[i]\n",
+        ("tests/test_policy_rules.py", "-k", "escalation"),
+    ),
+    Mutation(
+        "r2r-strict",
+        "R2R defers when p >= threshold",
+        "tokenrouter/policies/r2r.py",
+        "        return p >= threshold\n",
+        "        return p > threshold\n",
+        ("tests/test_policy_rules.py", "-k", "deferral"),
+    ),
+    Mutation(
+        "collm-inclusive",
+        "CoLLM defers when p > threshold",
+        "tokenrouter/policies/collm.py",
+        "        return p > threshold\n",
+        "        return p >= threshold\n",
+        ("tests/test_policy_rules.py", "-k", "deferral"),
+    ),
+    Mutation(
+        "citer-flipped",
+        "CITER defers when its confidence < threshold",
+        "tokenrouter/policies/citer.py",
+        "        return p < threshold\n",
+        "        return p > threshold\n",
+        ("tests/test_policy_rules.py", "-k", "deferral"),
+    ),
+    Mutation(
+        "deferral-large-stays",
+        "after the large model's one token, a deferral policy returns to the small model",
+        "tokenrouter/policies/deferral.py",
+        "            return Route(keep=keep, next_model=torch.zeros(len(result), dtype=torch.long))\n",
+        "            return Route(keep=keep, next_model=torch.ones(len(result), dtype=torch.long))\n",
+        ("tests/test_policy_rules.py", "-k", "deferral"),
+    ),
+    Mutation(
+        "r2r-features-reordered",
+        "R2R's features are the hidden state, the token's embedding, then the top-k log-probabilities",
+        "tokenrouter/policies/routers.py",
+        "    return torch.cat([hidden, token_embedding.float(), top], dim=-1)\n",
+        "    return torch.cat([token_embedding.float(), hidden, top], dim=-1)\n",
+        ("tests/test_policy_rules.py", "-k", "router_features"),
+    ),
+    Mutation(
+        "hidden-state-off",
+        "the hidden state a policy sees is transformers' last hidden state",
+        "tokenrouter/engine/model_runner.py",
+        "        self.hidden = args[0]\n",
+        "        self.hidden = args[0] * 1.001\n",
+        ("tests/test_policy_rules.py", "-k", "hidden_state"),
     ),
 ]
 
