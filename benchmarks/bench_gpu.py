@@ -18,7 +18,7 @@ Runs, one after the other, each in a fresh process (a fresh CUDA context):
 
 --quick is what scripts/gpu_check.sh runs (docs/gpu.md): C = 1, 16 and 64, 64 tokens per request, one
 repeat; the single-model step against HF `generate` only; the routed step against lockstep and standard
-serving with prefix caching, plus the large model alone (bench_routing.py --large-alone), each system's
+serving with prefix caching, plus the large model alone (bench_routing.py's system `large`), each system's
 engine loaded once (--reuse-engines). --steps runs some steps only, --step-timeout caps each, --prepare
 only writes the random-weight pair (the kit does that while flashinfer's kernels compile), --tiny makes
 that pair tiny (a CPU smoke of the same commands).
@@ -144,7 +144,6 @@ def main() -> int:
                    help="levels of the single and routed steps (default: 1 16 and 1 4 16)")
     p.add_argument("--single-systems", nargs="+", default=None, help="bench_single.py --systems (default: all)")
     p.add_argument("--routed-systems", nargs="+", default=None, help="bench_routing.py --systems (default: all)")
-    p.add_argument("--large-alone", action="store_true", help="routed step: the large model alone too")
     p.add_argument("--eager-concurrency", type=int, default=16, help="the level of the step without CUDA graphs")
     p.add_argument("--steps", nargs="+", choices=STEPS, default=list(STEPS))
     p.add_argument("--step-timeout", type=float, default=None, help="kill a step after this many seconds")
@@ -154,9 +153,8 @@ def main() -> int:
     if args.quick:
         args.concurrency = args.concurrency or [1, 16, 64]
         args.max_tokens, args.repeats = args.max_tokens or 64, args.repeats or 1
-        args.large_alone = True
         args.single_systems = args.single_systems or ["engine", "hf_generate"]
-        args.routed_systems = args.routed_systems or ["routed", "lockstep", "standard+pc"]
+        args.routed_systems = args.routed_systems or ["routed", "lockstep", "standard+pc", "large"]
     args.max_tokens, args.repeats = args.max_tokens or 128, args.repeats or 2
     args.out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -185,7 +183,7 @@ def main() -> int:
                    "--json", str(args.out / "single.json")],
         "routed": [*routing, "--concurrency", *routed_c,
                    *(["--systems", *args.routed_systems] if args.routed_systems else []),
-                   *(["--large-alone"] if args.large_alone else []), *(["--reuse-engines"] if args.quick else []),
+                   *(["--reuse-engines"] if args.quick else []),
                    "--json", str(args.out / "routed.json")],
         "eager": [*routing, "--systems", "routed", "--concurrency", str(args.eager_concurrency),
                   "--cuda-graph-max-batch", "0", "--json", str(args.out / "routed-eager.json")],

@@ -12,11 +12,13 @@ questions below as chat prompts, every request writing exactly --max-tokens toke
                sender's KV is freed, the receiver re-prefills). `standard+pc` adds prefix caching.
   lockstep     the official implementations' style: one loop steps the small model's batch,
                then the large model's, so each waits for the other (KV is kept).
-  large        (--large-alone) the large model alone through this engine (policy Single), on the
-               same requests: what routing saves against serving the large model only.
+  small, large each model alone through this engine (policy Single), on the same requests: what
+               routing saves against serving the large model only, and what it costs against
+               the small one.
 
-All four run the very same workers, kernels and policy code (tokenrouter's `mode` switch); only
-the serving architecture differs. Greedy outputs are checked to be identical across systems.
+All run the very same workers, kernels and policy code (tokenrouter's `mode` switch); only the
+serving architecture differs. Greedy outputs are checked to be identical across the routing
+systems.
 A closed-loop client keeps C requests in flight out of max(2, C) (or --requests). Each
 (system, C) gets --repeats measured runs, each on a fresh engine after a warm-up request; the
 table shows medians. Output tokens/s counts every generated token over the run's wall time;
@@ -24,13 +26,12 @@ latency is per request, submission to end, as the client sees it.
 
     python benchmarks/bench_routing.py                    # demo pair from the store, C = 1 4 16
     python benchmarks/bench_routing.py --quick            # tiny random pair, seconds
-    python benchmarks/bench_routing.py --systems routed lockstep standard+pc --large-alone --reuse-engines
+    python benchmarks/bench_routing.py --systems routed lockstep standard+pc large --reuse-engines
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 import sys
@@ -43,7 +44,7 @@ import torch
 
 from tokenrouter.bench import SYSTEMS, BenchConfig, Session, Sizes, WorkloadSpec, markdown, run_bench
 from tokenrouter.bench.report import write_json
-from tokenrouter.policies import RStitch, Single
+from tokenrouter.policies import RStitch
 
 TASKS = [
     "Write a Python function that checks whether a number is prime.",
@@ -103,33 +104,12 @@ def main(args) -> None:
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
     result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=print))
-    if args.large_alone:
-        alone = dataclasses.replace(cfg, policy=Single("large"), systems=["routed"])
-        result = with_large_alone(result, anyio.run(lambda: run_bench(alone, tokenizer, command=command, progress=print)))
     print()
     print(markdown(result), end="")
     for w in result.warnings:
         print(f"warning: {w}")
     if args.json:
         write_json(result, args.json)
-
-
-def with_large_alone(result, alone):
-    """`result` with the runs of the large model alone (the routed system under Single("large")) added as
-    system "large", so the table gives its ratios against standard serving and lockstep at each C."""
-    for r in alone.runs:
-        r.system = "large"
-    for s in alone.summaries:
-        s.system, s.same_tokens_as_routed = "large", None
-    systems = [*result.settings["systems"], "large"]
-    order = {(w, c, sy): i for i, (w, c, sy) in enumerate(
-        (w, c, sy) for w in result.workloads for c in result.settings["concurrency"] for sy in systems)}  # fmt: skip
-    summaries = sorted(result.summaries + alone.summaries, key=lambda s: order[(s.workload, s.concurrency, s.system)])
-    return dataclasses.replace(
-        result, runs=result.runs + alone.runs, summaries=summaries, warnings=result.warnings + alone.warnings,
-        settings={**result.settings, "systems": systems, "policy_large": alone.policy},
-        wall_s=result.wall_s + alone.wall_s,
-    )  # fmt: skip
 
 
 if __name__ == "__main__":
@@ -148,8 +128,6 @@ if __name__ == "__main__":
                    help="torch threads of lockstep's one stepping thread (default: every core)")
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
     p.add_argument("--max-run-s", type=float, default=None, help="cap each run's wall time (the table marks it)")
-    p.add_argument("--large-alone", action="store_true",
-                   help="also run the large model alone through this engine (Single), as system 'large'")
     p.add_argument("--reuse-engines", action="store_true",
                    help="load each system's engine once for all its runs (prefix cache reset before each run)")
     p.add_argument("--json", help="write every run, the medians and the machine to this file")

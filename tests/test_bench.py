@@ -1,5 +1,5 @@
 """`tokenrouter bench`: workloads from a seed, sized as documented; the prompts file's errors; the
-harness on the tiny pair with all four systems (same tokens, consistent counts, a run cut short
+harness on the tiny pair with all six systems (same tokens, consistent counts, a run cut short
 frees every KV block); the report (JSON, markdown, PNG); the CLI (`--quick`, bad arguments).
 
 One test runs `tokenrouter bench --quick` on the real demo pair when it is in the store.
@@ -173,20 +173,26 @@ def tiny_config(pair, **kw) -> BenchConfig:
 
 @pytest.fixture(scope="module")
 def tiny_result(tiny_pair, tokenizer):
-    """All four systems, both kinds of workload, two levels; a fresh engine per run."""
+    """All six systems, both kinds of workload, two levels; a fresh engine per run."""
     lines = []
     result = anyio.run(lambda: run_bench(tiny_config(tiny_pair), tokenizer, command="test", progress=lines.append))
     return result, lines
 
 
-def test_all_four_systems_write_the_same_tokens(tiny_result):
+def test_every_routing_system_writes_the_same_tokens(tiny_result):
     result, lines = tiny_result
-    assert len(result.runs) == 2 * 2 * 4 and len(lines) == 1 + len(result.runs)  # a header, then a line per run
-    assert lines[0].startswith("bench: 16 runs: short, agentic x C 1 3")
+    assert len(result.runs) == 2 * 2 * 6 and len(lines) == 1 + len(result.runs)  # a header, then a line per run
+    assert lines[0].startswith("bench: 24 runs: short, agentic x C 1 3")
     assert [(s.workload, s.concurrency, s.system) for s in result.summaries] == [
         (w, c, s) for w in ("short", "agentic") for c in (1, 3) for s in SYSTEMS
     ]
-    assert all(s.same_tokens_as_routed is True for s in result.summaries), result.warnings
+    routing = [s for s in result.summaries if SYSTEMS[s.system].alone is None]
+    assert all(s.same_tokens_as_routed is True for s in routing), result.warnings
+    assert all(s.same_tokens_as_routed is None for s in result.summaries if s not in routing)
+    for alone, model in (("small", "small"), ("large", "large")):  # one model writes every token
+        runs = [r for r in result.runs if r.system == alone]
+        assert runs and all(set(r.metrics()["tokens_by_model"]) == {model} for r in runs)
+        assert all(r.metrics()["handoffs"] == 0 for r in runs)
     assert result.warnings == []
     assert sum(r.metrics()["handoffs"] for r in result.runs if r.system == "routed") > 0
 
@@ -204,7 +210,8 @@ def test_counts_are_consistent(tiny_result, tokenizer):
         assert m["requests_completed"] == m["requests_total"] == sum(s.turns for s in sessions)
         assert not r.cut_short and r.kv_freed
         assert m["tok_per_s"] > 0 and 0 < m["ttft_p50_s"] <= m["p50_s"] <= m["p99_s"] <= r.wall_s
-        assert m["tokens_processed"]["small"] > 0 and m["tokens_processed"]["large"] > 0
+        models = {"small": ["small"], "large": ["large"]}.get(r.system, ["small", "large"])
+        assert all(m["tokens_processed"][x] > 0 for x in models)
     processed = {
         s.system: sum(s.metrics["tokens_processed"].values())
         for s in result.summaries
@@ -228,7 +235,7 @@ def test_the_report_writes_json_markdown_and_a_png(tiny_result, tmp_path):
     assert data["summaries"][0]["same_tokens_as_routed"] is True
     md = (tmp_path / "out" / "results.md").read_text()
     assert md == markdown(result)
-    assert md.count("| C | system | output tok/s | x standard | x lockstep |") == 2
+    assert md.count("| C | system | output tok/s | x standard+pc | x large | x lockstep |") == 2
     assert "### short:" in md and "### agentic:" in md and "tokens small/large" in md
     assert (tmp_path / "out" / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert set(written) == {"json", "markdown", "plot"}
@@ -249,7 +256,8 @@ def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair
     async def main():
         specs = {m: ModelSpec(path=p, dtype="float64", kv_cache_tokens=4096, enable_prefix_caching=s.prefix_caching)
                  for m, p in tiny_pair.items()}  # fmt: skip
-        async with Engine(models=specs, policy=RStitch(tau=TINY_PAIR_TAU), mode=s.mode, num_threads=1) as engine:
+        specs, policy = s.serves(RStitch(tau=TINY_PAIR_TAU), specs)
+        async with Engine(models=specs, policy=policy, mode=s.mode, num_threads=1) as engine:
             t0 = time.perf_counter()
             run = await measure(engine, sessions, 2, max_run_s=0.4, workload="short", system=system)
             took = time.perf_counter() - t0
@@ -318,7 +326,7 @@ def test_bench_quick_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("### ")] == [
         "### short", "### long", "### agentic"
     ]  # fmt: skip
-    assert err.count(" tok/s") == 3 * 2 * 4  # one progress line per run on stderr
+    assert err.count(" tok/s") == 3 * 2 * len(SYSTEMS)  # one progress line per run on stderr
     assert f"to {out_dir}" in err
     data = json.loads((out_dir / "results.json").read_text())
     s = data["settings"]
@@ -408,7 +416,7 @@ def test_bench_quick_on_the_demo_pair(tmp_path, capsys):
     code, out, err = run_cli(["bench", "--quick", "--no-pull", "--out", str(tmp_path)], capsys)
     assert code == 0, err
     data = json.loads((tmp_path / "results.json").read_text())
-    assert len(data["runs"]) == 3 * 2 * 4 and all(r["kv_freed"] for r in data["runs"])
+    assert len(data["runs"]) == 3 * 2 * len(SYSTEMS) and all(r["kv_freed"] for r in data["runs"])
     routed = [s for s in data["summaries"] if s["system"] == "routed"]
     assert all(s["metrics"]["requests_completed"] == s["metrics"]["requests_total"] for s in data["summaries"])
     assert sum(s["metrics"]["handoffs"] for s in routed) > 0

@@ -74,11 +74,11 @@ def test_rstitch_names_its_models():
 
 # ---- Escalation -------------------------------------------------------------------------------------
 def test_escalation_by_hand():
-    p = Escalation(models=["s", "m", "l"], taus=[0.1, 0.2])
-    # on the smallest: H > 0.1 discards and escalates to the next model; H = 0.1 keeps, back to 0
-    assert decision(p.route(step("s", 0, [0.05, 0.1, 0.15]))) == ([True, True, False], [0, 0, 1])
+    p = Escalation(models=["s", "m", "l"], taus=[0.125, 0.25])  # binary fractions: the boundary is exact
+    # on the smallest: H > tau discards and escalates to the next model; H = tau keeps, back to 0
+    assert decision(p.route(step("s", 0, [0.0625, 0.125, 0.1875]))) == ([True, True, False], [0, 0, 1])
     # on the middle one: its own tau; an accepted token returns control to the smallest
-    assert decision(p.route(step("m", 1, [0.15, 0.2, 0.25]))) == ([True, True, False], [0, 0, 2])
+    assert decision(p.route(step("m", 1, [0.1875, 0.25, 0.375]))) == ([True, True, False], [0, 0, 2])
     # the largest always accepts, and control returns to the smallest
     assert decision(p.route(step("l", 2, [0.0, 0.99, 1.0]))) == ([True, True, True], [0, 0, 0])
 
