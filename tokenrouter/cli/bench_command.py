@@ -22,10 +22,12 @@ def add_parsers(sub) -> None:
 
     b = sub.add_parser(
         "bench", help="benchmark routed serving against standard serving and lockstep",
-        description="Run the same models, prompts, concurrency levels and KV budget through four serving "
+        description="Run the same models, prompts, concurrency levels and KV budget through six serving "
         "systems built from the same workers: routed (this engine), standard (every hand-off re-sent as a new "
-        "request with the whole sequence), standard+pc (the same with prefix caching) and lockstep (one loop "
-        "steps each model in turn). Workloads: short (short reasoning), long (long reasoning) and agentic "
+        "request with the whole sequence), standard+pc (the same with prefix caching), lockstep (one loop "
+        "steps each model in turn), and small and large (each model alone, no routing). The tables give each "
+        "system's throughput over standard+pc's, the large model alone's and lockstep's. Workloads: short "
+        "(short reasoning), long (long reasoning) and agentic "
         "(multi-turn sessions over a long shared history), generated from --seed, or your own prompts "
         "(--prompts). Each (workload, C, system) gets a fresh engine, a warm-up request and --repeats measured "
         "runs of a closed loop keeping C requests (or agentic sessions) in flight, greedy with EOS ignored. "
@@ -63,7 +65,7 @@ def add_parsers(sub) -> None:
     r = b.add_argument_group("runs")
     r.add_argument(
         "--systems", nargs="+", choices=list(SYSTEMS), default=None, metavar="SYSTEM",
-        help=f"which systems to run: {', '.join(SYSTEMS)} (default: all four)",
+        help=f"which systems to run: {', '.join(SYSTEMS)} (default: all six)",
     )  # fmt: skip
     r.add_argument(
         "--concurrency", nargs="+", type=positive_int, default=None, metavar="C",
@@ -105,7 +107,7 @@ def add_parsers(sub) -> None:
         "--quick", action="store_true",
         help="the smallest meaningful run: all three workloads at tiny sizes (30-50-token prompts, at most 4 "
         "(short) or 6 (long) output tokens; agentic: a 48-token history, 2 turns of 4 tokens), C = 1 and 3 with "
-        "C requests each, one repeat, all four systems, one engine per system; flags given explicitly still apply",
+        "C requests each, one repeat, all six systems, one engine per system; flags given explicitly still apply",
     )  # fmt: skip
     add_routing_options(b.add_argument_group("models and routing"))
     b.set_defaults(run=run)
