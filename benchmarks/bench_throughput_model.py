@@ -9,6 +9,12 @@ closed loop: C clients, each sending held-out-style prompts (Python standard-lib
 write) one after another, greedy. Tokens are counted as they stream in, over the measured
 window, after the warm-up. The prediction is `engine.throughput_prediction(refresh=True)` at
 the end of the window: the model is fed the routing and step times the engine observed.
+
+That prediction is in-sample: it describes the very run it was fitted on. The error reported is
+out of sample: at each level a second run, on other prompts (drawn with --holdout-seed) and a
+fresh engine with B fixed to what the "auto" run picked, is measured, and the first run's
+prediction is compared with it.
+
 For the sweep, the same traffic runs at the largest C with B fixed for both models, --repeats
 times, interleaved (median shown); the model's prediction for each B comes from the routing
 observed in the "auto" run at that C.
@@ -61,6 +67,7 @@ async def closed_loop(engine, prompts, concurrency, warmup, seconds, max_tokens)
 
 async def main(args) -> dict:
     prompts = python_corpus(200, seed=1)
+    holdout = python_corpus(200, seed=args.holdout_seed)
     policy = RStitch(tau=args.tau)
     results: dict = {"auto": {}, "sweep": {}}
     observed = {}
@@ -83,6 +90,13 @@ async def main(args) -> dict:
             }
             print(f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True)
         release_memory()  # a real pair per engine: without it the heap grows until the box runs out
+        if args.holdout_seed is not None and pred.tokens_per_s:
+            async with Engine(policy=policy, delayed_batching=dict(pred.batch_min), num_threads=args.threads) as engine:
+                other = await closed_loop(engine, holdout, c, args.warmup, args.seconds, args.max_tokens)
+            release_memory()
+            results["auto"][c].update(holdout_measured_tokens_per_s=other, holdout_error=pred.tokens_per_s / other - 1)
+            print(f"C={c}: held-out run measured {other:.2f} tok/s: error out of sample "
+                  f"{pred.tokens_per_s / other - 1:+.0%}", flush=True)  # fmt: skip
     c = max(args.concurrency)
     auto = observed[c]
     measured: dict[int, list[float]] = {b: [] for b in args.sweep}
@@ -118,10 +132,13 @@ if __name__ == "__main__":
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tau", type=float, default=0.03)
+    p.add_argument("--holdout-seed", type=int, default=2,
+                   help="prompts of the held-out run at each level (the error out of sample); -1: none")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per worker (default: the engine's, turns on the CPU's cores)")
     p.add_argument("--out", default="bench_out/throughput_model.json")
     args = p.parse_args()
+    args.holdout_seed = None if args.holdout_seed < 0 else args.holdout_seed
     torch.set_num_threads(1)
     out = anyio.run(main, args)
     os.makedirs(os.path.dirname(args.out), exist_ok=True)
