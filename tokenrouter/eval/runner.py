@@ -321,7 +321,8 @@ async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) 
         )
         head = f"[{i + 1}/{len(plan.systems)}] {system.label}"
         if not todo and not measure:
-            say(f"{head}: every problem done and speed measured; skipped")
+            speed = "speed measured" if plan.speed_problems else "no speed phase asked"
+            say(f"{head}: every problem done, {speed}; skipped")
             continue
         skipped = len(plan.problems) - len(todo)
         say(f"{head}: {len(todo)} problem(s) to run{f' ({skipped} already done)' if skipped else ''}"
