@@ -154,6 +154,11 @@ def test_bad_models_and_report_dirs(tmp_path, data, monkeypatch):
     assert rc == 2 and "--report-only needs --out" in lines[-1]
 
 
+def test_the_parser_follows_the_clis_convention(tmp_path, data):
+    args = parse(["--quick", "--data", str(data), "--systems", "bogus", "--out", str(tmp_path / "o")])
+    assert args.command == "eval" and args.run(args, ["eval"]) == 2  # tokenrouter.cli calls args.run(args, argv)
+
+
 def test_argparse_rejects_bad_numbers():
     with pytest.raises(SystemExit):
         parse(["--concurrency", "0"])

@@ -1,7 +1,9 @@
 """`tokenrouter eval`: HumanEval pass@1 of several systems, with their cost and speed.
 
-`add_parser(subparsers)` adds the subcommand to the CLI's parser and `run(args)` runs it; errors a
-user can fix print one line and return 2, like the other commands.
+`add_parser(subparsers)` (or `add_parsers`, as the CLI's command groups are called) adds the
+subcommand to the CLI's parser, with `run` as its `args.run(args, argv)`; `run(args)` runs it.
+Errors a user can fix print one line and return 2, like the other commands; Ctrl-C returns 130
+(what finished is on disk).
 """
 
 from __future__ import annotations
@@ -116,8 +118,13 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--threads", type=_positive_int, default=None,
                    help="torch threads per worker (default: on CPU the workers take turns on every core)")  # fmt: skip
     r.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
-    p.set_defaults(command="eval")
+    p.set_defaults(command="eval", run=lambda args, argv: run(args, argv=argv))  # the CLI calls args.run(args, argv)
     return p
+
+
+def add_parsers(subparsers) -> None:
+    """The CLI's convention for a command group (tokenrouter/cli/): register the subcommands."""
+    add_parser(subparsers)
 
 
 class UsageError(TokenRouterError):
