@@ -180,17 +180,27 @@ def markdown(s: Summary) -> str:
         )
     else:
         lines.append("Relative cost: `-`, because the largest model alone did not run.")
-    speeds = [r.speed for r in s.rows if r.speed]
+    speeds = [(r.system, r.speed) for r in s.rows if r.speed]
     if speeds:
-        sp = speeds[-1]
-        m = sp.get("machine", {})
-        dates = sorted({x["date"][:10] for x in speeds})
+        settings: dict[tuple[int, int], list[str]] = {}
+        for system, sp in speeds:
+            settings.setdefault((sp["concurrency"], sp["requests"]), []).append(system)
+        if len(settings) == 1:
+            ((c, n),) = settings
+            how = f"C = {c} requests in flight over the first {n} problems"
+        else:  # systems measured at different settings: say which is which
+            how = "; ".join(
+                f"C = {c} over the first {n} problems for {', '.join(names)}" for (c, n), names in settings.items()
+            )
+        m = speeds[-1][1].get("machine", {})
+        dates = sorted({sp["date"][:10] for _, sp in speeds})
+        loads = [x for _, sp in speeds for x in sp.get("load_average", [])]
+        load = f"; the 1-minute load average over the runs was {min(loads):.1f}-{max(loads):.1f}" if loads else ""
         lines.append(
             f"Speed: its own phase, per system on a warmed engine with an empty prefix cache: a closed loop keeping "
-            f"C = {sp['concurrency']} requests in flight over the first {sp['requests']} problems, the same prompt "
-            f"and stop string as the quality phase; output tok/s = output tokens / wall time, latency from "
-            f"submission to the end of each request. Measured {', '.join(dates)} on {m.get('cpu') or '?'} "
-            f"({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''})."
+            f"{how}, the same prompt and stop string as the quality phase; output tok/s = output tokens / wall "
+            f"time, latency from submission to the end of each request. Measured {', '.join(dates)} on "
+            f"{m.get('cpu') or '?'} ({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''}){load}."
         )
     failures = {}
     for row in s.rows:
@@ -201,7 +211,10 @@ def markdown(s: Summary) -> str:
             failures.setdefault(row.system, []).append(f"(answers cut at max_tokens: {row.capped})")
     if failures:
         lines += ["", "Failures by kind: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in failures.items()) + "."]
-    lines += ["", f"Made from `{RESULTS}` by `tokenrouter eval --report-only`; run: `{run.get('command', '')}`."]
+    lines += [
+        "",
+        f"Made from `{RESULTS}` by `tokenrouter eval --report-only`; first command: `{run.get('command', '')}`.",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -11,14 +11,16 @@ For each system, one engine (its models only) is started and warmed up, then:
   in flight over a fixed set of problems (the first N of the problems file, N = 2 x C by default,
   whatever --limit says, so every system and every run measures the same work), with the
   quality phase's prompt and stop string. Output tokens/s = all output tokens / wall time;
-  latency per request from submission to its end. Recorded with the date and the machine; a
-  system already measured at the same C and N is not measured again (unless asked).
+  latency per request from submission to its end. Recorded with the date, the machine and its
+  1-minute load average before and after (other work on the machine shows there); a system
+  already measured at the same C and N is not measured again (unless asked).
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -264,6 +266,7 @@ async def speed_phase(engine: Engine, system: System, plan: EvalPlan, say: Calla
     handoffs = 0
     queue = iter(range(len(prompts)))
     before = _steps(engine)
+    load_before = os.getloadavg()[0]  # other work on the machine shows here
     t0 = time.perf_counter()
 
     async def client() -> None:
@@ -289,6 +292,7 @@ async def speed_phase(engine: Engine, system: System, plan: EvalPlan, say: Calla
         "tok_per_s": tokens / wall if wall > 0 else 0.0, "p50_s": percentile(latencies, 0.5),
         "p99_s": percentile(latencies, 0.99), "tokens_by_model": by_model, "tokens_processed": processed,
         "handoffs": handoffs, "steps": _minus(_steps(engine), before), "date": _now(), "machine": machine_info(),
+        "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
     }  # fmt: skip
     plan.results.append(record)
     say(
