@@ -33,7 +33,6 @@ import io
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -112,11 +111,8 @@ def wheel_name(path: Path) -> tuple[str, str]:
 
 
 def sha256(path: Path) -> str:
-    h = hashlib.sha256()
     with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+        return hashlib.file_digest(f, "sha256").hexdigest()  # Python 3.11+: both machines of the kit
 
 
 # ---- the JIT probe (CPU) ------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tokenrouter.eval import command
+from tokenrouter.cli import eval_command as command
 from tokenrouter.eval.results import ResultsFile
 
 from .test_eval import PROBLEMS, write_problems
@@ -164,3 +164,14 @@ def test_argparse_rejects_bad_numbers():
         parse(["--concurrency", "0"])
     with pytest.raises(SystemExit):
         parse(["--timeout", "-1"])
+
+
+def test_the_tokenrouter_command_runs_eval_quick(tmp_path, capsys):
+    """`tokenrouter eval --quick` through the CLI's own entry point (what a user types)."""
+    from tokenrouter import cli
+
+    code = cli.main(["eval", "--quick", "--out", str(tmp_path / "q")])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert (tmp_path / "q" / "results.jsonl").is_file() and (tmp_path / "q" / "results.md").is_file()
+    assert "pass@1" in out

@@ -7,16 +7,8 @@ import pydantic
 import pytest
 import torch
 
-from tokenrouter import (
-    ConfigError,
-    Engine,
-    EngineNotRunningError,
-    InvalidRequestError,
-    ModelLoadError,
-    ModelSpec,
-    SamplingParams,
-    Single,
-)
+from tokenrouter import ConfigError, Engine, EngineNotRunningError, InvalidRequestError, ModelLoadError, ModelSpec
+from tokenrouter import SamplingParams, Single
 from tokenrouter.testing import build_tiny_model
 
 

@@ -8,6 +8,7 @@ write 0600 too, so a published file gets the mode the umask gives an ordinary fi
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tempfile
 from collections.abc import Iterator
@@ -42,6 +43,15 @@ def atomic_path(path: str | Path, suffix: str = ".tmp") -> Iterator[Path]:
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
+
+
+def sha256_file(path: str | Path) -> str:
+    """The hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:

@@ -72,14 +72,35 @@ def markdown(result: BenchResult) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def plot(result: BenchResult, path: str | Path) -> Path | None:
-    """plot.png; None when matplotlib is not installed."""
+def pyplot():
+    """matplotlib's pyplot on a file-only backend, or None when matplotlib is not installed
+    (plots are optional: `pip install 'tokenrouter[bench]'`)."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
+        return None
+    return plt
+
+
+def save_figure(fig, path: str | Path, title: str) -> Path:
+    """Title, lay out, write as PNG and close a figure."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize="small")
+    fig.tight_layout()
+    path = Path(path)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def plot(result: BenchResult, path: str | Path) -> Path | None:
+    """plot.png; None when matplotlib is not installed."""
+    plt = pyplot()
+    if plt is None:
         return None
     names = list(result.workloads)
     fig, axes = plt.subplots(len(names), 2, figsize=(10, 3.2 * len(names)), squeeze=False)
@@ -103,26 +124,26 @@ def plot(result: BenchResult, path: str | Path) -> Path | None:
             ax.grid(True, alpha=0.3)
         row[0].legend(fontsize="small")
     models = ", ".join(f"{m}={Path(p).name}" for m, p in result.models.items())
-    fig.suptitle(f"{models}; {result.policy}", fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, f"{models}; {result.policy}")
 
 
 def write_report(result: BenchResult, out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
     """Write results.json, results.md and plot.png into `out_dir`; (paths written, notes)."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    written = {"json": write_json(result, out / "results.json")}
-    md = out / "results.md"
-    md.write_text(markdown(result), encoding="utf-8")
-    written["markdown"] = md
-    notes = []
-    png = plot(result, out / "plot.png")
+    written, notes = write_table_and_plot(out, "results.md", markdown(result), "plot.png", lambda p: plot(result, p))
+    return {"json": write_json(result, out / "results.json"), **written}, notes
+
+
+def write_table_and_plot(out: Path, md_name: str, text: str, png_name: str, draw) -> tuple[dict[str, Path], list[str]]:
+    """Write the markdown table, and the plot `draw(path)` makes if matplotlib is installed (else a
+    note saying how to get it); (paths written, notes)."""
+    md = out / md_name
+    md.write_text(text, encoding="utf-8")
+    written, notes = {"markdown": md}, []
+    png = draw(out / png_name)
     if png is None:
-        notes.append(f"plot.png skipped: matplotlib is not installed ({PLOT_HINT})")
+        notes.append(f"{png_name} skipped: matplotlib is not installed ({PLOT_HINT})")
     else:
         written["plot"] = png
     return written, notes

