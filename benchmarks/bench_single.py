@@ -7,6 +7,8 @@ deterministically from --seed), greedily, each producing exactly --max-tokens to
 
   engine        tokenrouter.Engine; a closed-loop client keeps at most C requests in flight
                 (a semaphore over all prompts; a new request starts as soon as one finishes).
+  hf_generate_onednn  the same with the engine's oneDNN linear layers swapped into the model
+                (CPU, float32): like against like, the engine's kernels in both.
   hf_generate   `model.generate` on static, left-padded batches of C prompts, run one batch after
                 another. A batch's wall time is the latency of every request in it.
   hf_cb         transformers' continuous batching (the manager behind `model.generate_batch`),
@@ -25,7 +27,8 @@ repeats of one. The table shows the median over --repeats runs of:
 
   tok/s             all generated tokens / wall time of the run
   p50/p99 latency   per request, from submission to its last token, as the client sees it
-  vs static         tok/s relative to hf_generate at the same concurrency
+  vs static         tok/s relative to hf_generate at the same concurrency (and to hf_generate_onednn:
+                    the same kernels)
   engine overhead   1 - time_forward_s / time_step_s: the worker's step time outside the model
                     forward (worker stats deltas over the measured run)
   CPU cores         CPU time / wall time of this process, and of every other process on the
@@ -98,7 +101,7 @@ def in_fresh_thread(fn, *args):
         raise box["error"]
     return box["result"]
 
-SYSTEMS = ("engine", "hf_generate", "hf_cb")
+SYSTEMS = ("engine", "hf_generate_onednn", "hf_generate", "hf_cb")
 
 # Deterministic prompt material: an instruction plus filler words, lengthened to a target token count.
 _INSTRUCTIONS = [
@@ -432,12 +435,18 @@ def main(argv: list[str] | None = None) -> int:
         f"{args.output_lengths} output lengths up to {args.max_tokens} (mean {statistics.fmean(lengths):.0f})")  # fmt: skip
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
+    if "hf_generate_onednn" in args.systems and (torch.device(args.device).type != "cpu" or args.dtype != "float32"):
+        args.systems = [s for s in args.systems if s != "hf_generate_onednn"]
+        log("hf_generate_onednn skipped: the oneDNN layers are for float32 on CPU")
     results: dict[str, dict] = {name: {} for name in SYSTEMS if name in args.systems}
     timings: dict[str, float] = dict.fromkeys(results, 0.0)
     t = time.perf_counter()
     # for hf_generate, hf_cb and the batch-1 token check
     model = in_fresh_thread(load_hf, model_path, args.dtype, args.device)
     log(f"hf: loaded in {time.perf_counter() - t:.1f} s")
+    hf_models = {"hf_generate": model}
+    if "hf_generate_onednn" in results:
+        hf_models["hf_generate_onednn"] = in_fresh_thread(load_hf, model_path, args.dtype, args.device, True)
     spec = engine_spec(args, model_path) if "engine" in args.systems else None
     # Interleaved: for each concurrency and repeat, every system runs once, so a burst of load from
     # other processes hits one repeat of every system rather than every repeat of one system.
@@ -450,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
                     prof = f"engine_c{c}" if r == 0 else None
                     res = asyncio.run(engine_measure(args, spec, pr, ln, warm_prompts, c, prof))
                     note = f", overhead {res.extra['overhead_frac']:.1%}"
-                elif name == "hf_generate":
-                    res, note = in_fresh_thread(hf_generate_measure, args, model, pad_id, pr, ln, warm_prompts, c), ""
+                elif name in hf_models:
+                    hf = hf_models[name]
+                    res, note = in_fresh_thread(hf_generate_measure, args, hf, pad_id, pr, ln, warm_prompts, c), ""
                 else:
                     res, note = in_fresh_thread(hf_cb_measure, args, model, pr, ln, warm_prompts, c), ""
                 timings[name] += time.perf_counter() - t
@@ -499,20 +509,22 @@ def main(argv: list[str] | None = None) -> int:
           f"{NUM_THREADS} threads | median of {args.repeats} repeat(s)")  # fmt: skip
     print()
     print(
-        "| system | concurrency | tok/s | p50 latency (s) | p99 latency (s) | vs static generate | engine overhead "
-        "| CPU cores: this process / others |"
+        "| system | concurrency | tok/s | p50 latency (s) | p99 latency (s) | vs static generate, same kernels "
+        "| vs static generate | engine overhead | CPU cores: this process / others |"
     )
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for c in args.concurrency:
+        same = summary.get("hf_generate_onednn", {}).get(c, {}).get("tok_per_s")
         base = summary.get("hf_generate", {}).get(c, {}).get("tok_per_s")
         for name in SYSTEMS:
             s = summary.get(name, {}).get(c)
             if s is None:
                 continue
+            ratio_same = f"{s['tok_per_s'] / same:.2f}x" if same else "-"
             ratio = f"{s['tok_per_s'] / base:.2f}x" if base else "-"
             ovh = f"{s['overhead_frac']:.1%}" if "overhead_frac" in s else "-"
             print(
-                f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {ratio} | {ovh} "
+                f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {ratio_same} | {ratio} | {ovh} "
                 f"| {s.get('cpu_self_cores', float('nan')):.2f} / {s.get('cpu_foreign_cores', float('nan')):.2f} |"
             )
     print()

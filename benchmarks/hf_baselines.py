@@ -17,6 +17,7 @@ import torch
 
 from tokenrouter.bench.machine import CpuMeter
 from tokenrouter.bench.metrics import percentile
+from tokenrouter.engine import onednn_linear
 from tokenrouter.engine.model_loader import locate_checkpoint
 
 
@@ -60,14 +61,22 @@ def per_request(max_tokens, n: int) -> list[int]:
 
 
 # ---- static batches: model.generate -----------------------------------------------------------
-def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu"):
+def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu", onednn: bool = False):
+    """The model as transformers loads it; `onednn=True` swaps its float32 CPU linear layers for
+    the engine's oneDNN ones (engine/onednn_linear.py), so `generate` runs the engine's kernels
+    and a comparison measures scheduling and batching alone."""
     from transformers import AutoModelForCausalLM
 
     directory, gguf = locate_checkpoint(model_path)
     model = AutoModelForCausalLM.from_pretrained(
         directory, gguf_file=gguf, dtype=getattr(torch, dtype), attn_implementation="sdpa", local_files_only=True
     )
-    return model.to(device).eval()
+    model = model.to(device).eval()
+    if onednn:
+        if not onednn_linear.applies(model.device, model.dtype):
+            raise RuntimeError(f"oneDNN linear layers need float32 on CPU, not {model.dtype} on {model.device}")
+        onednn_linear.pack_linears(model)
+    return model
 
 
 def hf_generate_run(model, pad_id: int, prompts, concurrency: int, max_tokens) -> RunResult:
