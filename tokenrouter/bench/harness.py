@@ -1,11 +1,12 @@
 """Run every system on the same models, prompts, concurrency levels and KV budget.
 
-For each (workload, C, system) and repeat: a fresh engine (its prefix cache would otherwise hold
-the prompts of earlier runs), a warm-up request, then one measured run: a closed loop keeping C
+Repeats are interleaved: round r runs every system once over every workload and level. For each
+(workload, C, system) and repeat: a fresh engine (its prefix cache would otherwise hold the
+prompts of earlier runs), a warm-up request, then one measured run: a closed loop keeping C
 sessions in flight over a fixed set (a short or long request is a one-turn session; an agentic
 session runs its turns in sequence), each through `engine.stream`, so times are the client's.
-`reuse_engines=True` (what `--quick` does) loads each system's engine once for all its runs
-instead, which saves minutes of loading on real models, and forgets its prefix cache before each
+`reuse_engines=True` (what `--quick` does) loads each system's engine once a round for all its
+runs of the round instead, which saves minutes of loading on real models, and forgets its prefix cache before each
 run (`Engine.reset_prefix_cache()`), so every run starts as cold as on a fresh engine.
 
 Greedy outputs are compared across systems (the same tokens, or a warning: float32 near-ties can
@@ -349,11 +350,12 @@ async def run_bench(
         for c in cfg.concurrency
     }
     kv = _kv_budget(cfg, plan)
+    # Repeats are interleaved: each round runs every system once (over every workload and level),
+    # so a drift of the machine hits one repeat of each system rather than every repeat of one.
+    # With reuse_engines a system's engine serves all its runs of a round.
     jobs = [
-        (w, c, s, r) for w in cfg.workloads for c in cfg.concurrency for s in cfg.systems for r in range(cfg.repeats)
+        (w, c, s, r) for r in range(cfg.repeats) for s in cfg.systems for w in cfg.workloads for c in cfg.concurrency
     ]
-    if cfg.reuse_engines:  # one engine per system: all its runs together
-        jobs.sort(key=lambda j: cfg.systems.index(j[2]))
     models = ", ".join(f"{m}={Path(p).name}" for m, p in cfg.models.items())
     say(
         f"bench: {len(jobs)} runs: {', '.join(w.name for w in cfg.workloads)} x C {' '.join(map(str, cfg.concurrency))}"
