@@ -30,11 +30,26 @@ from .engine.sequence import Request
 from .engine.worker_thread import WorkerThread
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
 from .outputs import RequestOutput, StreamDelta
-from .policies import STEP_FIELDS, Policy, RStitch, Single
+from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
 from .autobatch.throughput_model import ThroughputPrediction
 
 log = logging.getLogger(__name__)
+
+
+def _check_verifying(policy: Policy, specs: dict[str, ModelSpec]) -> None:
+    """A verifying policy bounds its drafts, and its verifier computes a whole check in one step."""
+    md = policy.max_draft
+    if isinstance(md, bool) or not isinstance(md, int) or md < 1:
+        raise ConfigError(f"policy: a verifying policy needs max_draft, an int >= 1, got {md!r}")
+    if HIDDEN in policy.requires:
+        raise ConfigError("policy: VERIFY and HIDDEN together are not supported (the hidden state of a corrected position)")
+    budget = specs[policy.verifier].max_num_batched_tokens
+    if md + 1 > budget:
+        raise ConfigError(
+            f"policy: max_draft={md} needs {md + 1} tokens in one step of {policy.verifier!r}, whose "
+            f"max_num_batched_tokens is {budget}"
+        )
 
 
 def _first_error(e: ValidationError) -> str:
@@ -159,6 +174,8 @@ class Engine:
         missing = [m for m in policy.models if m not in self.specs]
         if missing:
             raise ConfigError(f"policy: names model(s) {missing} that are not in models {sorted(self.specs)}")
+        if VERIFY in policy.requires:
+            _check_verifying(policy, self.specs)
         try:
             self.options = EngineOptions.model_validate(
                 dict(num_threads=num_threads, delayed_batching=delayed_batching, batch_wait_s=batch_wait_s,
@@ -236,11 +253,15 @@ class Engine:
             self.workers = workers
             self._check_tokenizers()
             self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
-            if self._auto is not None:
+            if self._auto is not None or self.policy.wants_profiles:
                 try:
                     await self.profile()
-                except Exception as e:  # serve anyway, with B = 1
-                    self._auto.profiling_failed(e)
+                except Exception as e:  # serve anyway: B = 1, and the policy on its defaults
+                    log.error("profiling the models failed: %s", e)
+                    if self._auto is not None:
+                        self._auto.profiling_failed(e)
+                if self.policy.wants_profiles and len(self.profiles) == len(self.specs):
+                    self.policy.use_profiles(dict(self.profiles))
         except BaseException:
             for worker in workers.values():
                 worker.stop()

@@ -111,6 +111,24 @@ def build_tiny_model(
     return path
 
 
+def build_perturbed_copy(source: str | Path, path: str | Path, *, noise: float = 0.05, seed: int = 0) -> Path:
+    """Write a copy of the model at `source` with Gaussian noise (std `noise`) added to every
+    weight matrix; return the path. Two random models never agree on a token; a perturbed copy
+    agrees with its source most of the time, as a distilled drafter does with its target, so
+    verifying policies accept some drafts and reject others."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(source)
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.add_(torch.randn(p.shape, generator=generator, dtype=p.dtype) * noise)
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(source).save_pretrained(path)
+    return Path(path)
+
+
 @dataclass
 class ReferenceOutput:
     token_ids: list[int]
@@ -153,11 +171,19 @@ def reference_generate(
     owns the request: no KV cache, no batching, no threads. The policy's `route`, `send` and
     `receive` are applied exactly as the engine applies them, and sampling uses the engine's
     sampler, so seeded sampling matches too. EOS comes from each model's generation_config.
+
+    A verifying policy (VERIFY) runs as policies/base.py describes it: the drafters' tokens are
+    tentative (a drafter hands the request to the verifier where it would end, or after
+    `max_draft`), and on the verifier's turn `verify` judges them from one forward's logits, the
+    accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
+    next position.
     """
     from .engine.model_runner import HiddenCapture
     from .engine.sampler import Sampler, SamplingTensors
     from .engine.model_core import MAX_STALLS
-    from .policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, normalized_entropy
+    from .policies.base import (
+        ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, VerifyResult, normalized_entropy,
+    )  # fmt: skip
 
     names = policy.models
     tokens = list(prompt_ids)
@@ -176,19 +202,52 @@ def reference_generate(
     def done(reason: str) -> ReferenceOutput:
         return ReferenceOutput(tokens[len(prompt_ids) :], written, handoffs, reason, last)
 
+    verifier = policy.verifier
+    confirmed = len(prompt_ids)  # tokens before this are confirmed; later ones are a drafter's, tentative
+    drafter: str | None = None
+
+    def sample(row: torch.Tensor, generated: int) -> torch.Tensor:
+        if params.temperature == 0.0:
+            return row.argmax(dim=-1)
+        return sampler(row, SamplingTensors.build([params], [seed], [generated], row.device))
+
+    def ends_at(t: int, model) -> bool:
+        return (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids
+
     captures = {name: HiddenCapture(m) for name, m in models.items()} if HIDDEN in policy.requires else {}
     try:
         while True:
             model = models[current]
             last[current] = len(tokens)
-            logits = model(torch.tensor([tokens])).logits[0, -1:]
-            hidden = captures[current].take()[0, -1:] if captures else None
-            generated = len(tokens) - len(prompt_ids)
-            if params.temperature == 0.0:
-                token = logits.argmax(dim=-1)
+            if current == verifier and len(tokens) > confirmed:  # a check: judge the drafts first
+                span = model(torch.tensor([tokens])).logits[0, confirmed - 1 :]
+                drafts = tokens[confirmed:]
+                verdict = policy.verify(VerifyResult(
+                    model=current, model_index=names.index(current), request_ids=["reference"], sources=[drafter],
+                    start=torch.tensor([confirmed]), num_drafts=torch.tensor([len(drafts)]),
+                    drafts=torch.tensor([drafts]), logits=span[None],
+                    num_generated=torch.tensor([confirmed - len(prompt_ids)]), states=[states[current]],
+                    params=[params], seeds=[seed],
+                ))  # fmt: skip
+                accept = int(verdict.accept[0])
+                for j, t in enumerate(drafts[:accept]):
+                    written.append(drafter)
+                    if ends_at(t, models[drafter]) or confirmed + j + 1 - len(prompt_ids) >= max_tokens:
+                        del tokens[confirmed + j + 1 :]
+                        return done("stop" if ends_at(t, models[drafter]) else "length")
+                del tokens[confirmed + accept :]
+                confirmed = len(tokens)
+                logits = span[accept : accept + 1]
+                given = -1 if verdict.tokens is None else int(verdict.tokens[0])
+                token = torch.tensor([given]) if given >= 0 else sample(logits, len(tokens) - len(prompt_ids))
+                hidden = None
             else:
-                token = sampler(logits, SamplingTensors.build([params], [seed], [generated], logits.device))
+                logits = model(torch.tensor([tokens])).logits[0, -1:]
+                hidden = captures[current].take()[0, -1:] if captures else None
+                token = sample(logits, len(tokens) - len(prompt_ids))
+            generated = len(tokens) - len(prompt_ids)
             keep, nxt = True, names.index(current)
+            drafting = verifier is not None and current != verifier
             if len(names) > 1:
                 result = StepResult(
                     model=current,
@@ -201,18 +260,28 @@ def reference_generate(
                     entropy=normalized_entropy(logits) if ENTROPY in policy.requires else None,
                     hidden=hidden,
                     token_embedding=model.get_input_embeddings()(token) if TOKEN_EMBEDDING in policy.requires else None,
+                    params=[params],
+                    seeds=[seed],
+                    tentative=torch.tensor([len(tokens) + 1 - confirmed]) if drafting else None,
                 )
                 decision = policy.route(result)
                 keep, nxt = bool(decision.keep[0]), int(decision.next_model[0])
             if keep:
                 t = int(token[0])
                 tokens.append(t)
-                written.append(current)
                 stalls = 0
-                if (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids:
-                    return done("stop")
-                if len(tokens) - len(prompt_ids) >= max_tokens:
-                    return done("length")
+                if drafting:  # tentative: where it would end, or after max_draft, the verifier decides
+                    drafter = current
+                    full = len(tokens) - len(prompt_ids) >= max_tokens
+                    if ends_at(t, model) or full or len(tokens) - confirmed >= policy.max_draft:
+                        nxt = names.index(verifier)
+                else:
+                    written.append(current)
+                    confirmed = len(tokens)
+                    if ends_at(t, model):
+                        return done("stop")
+                    if len(tokens) - len(prompt_ids) >= max_tokens:
+                        return done("length")
             target = names[nxt]
             if target == current:
                 if not keep:
@@ -221,8 +290,8 @@ def reference_generate(
             stalls += 0 if keep else 1
             if stalls > MAX_STALLS:
                 raise RuntimeError("policy handed the request off repeatedly without a token")
-            start = known.get((current, target), 0)
-            msg = PeerMessage("reference", current, target, tokens[start:], start=start)
+            start = min(known.get((current, target), 0), len(tokens))
+            msg = PeerMessage("reference", current, target, tokens[start:], start=start, confirmed=confirmed)
             msg = policy.send(msg, states[current])
             policy.receive(msg, states[target])
             known[(current, target)] = known[(target, current)] = len(tokens)

@@ -58,13 +58,14 @@ class BlockManager:
         return hash((prev, tokens))
 
     def prefix_hashes(self, seq: Sequence) -> tuple[list[int], int]:
-        """The chained hashes of the sequence's full blocks before its last token, and how many
-        of them lead off cached (what `match_prefix` would attach)."""
+        """The chained hashes of the sequence's full blocks before the first position whose
+        logits it needs (its last token, or a verifier's check), and how many of them lead off
+        cached (what `match_prefix` would attach)."""
         if not self.prefix_caching:
             return [], 0
         tokens, bs = seq.token_ids, self.block_size
         hashes, cached, h = [], 0, 0
-        for i in range((len(tokens) - 1) // bs):
+        for i in range(seq.first_logit_position // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = self._chain(h, chunk)
             hashes.append(h)
@@ -77,8 +78,9 @@ class BlockManager:
         """Attach cached blocks for the longest cached prefix of a sequence that holds no blocks
         (`prefix`: what `prefix_hashes` returned for it, if the caller has it already).
 
-        Only blocks entirely before the last token are matched: the last token is always
-        computed, so its logits exist and no shared block is ever written.
+        Only blocks entirely before the first position whose logits the sequence needs are
+        matched: that position is always computed, so its logits exist and no shared block is
+        ever written.
         """
         assert not seq.block_table and seq.num_computed == 0
         if not self.prefix_caching:
@@ -134,6 +136,43 @@ class BlockManager:
                 self.block_keys[block_id] = None
                 n += 1
         return n
+
+    def truncate(self, seq: Sequence, num_tokens: int) -> list[tuple[int, int]]:
+        """Keep the sequence's KV for its first `num_tokens` positions only (a rollback): the
+        positions after are computed again, into blocks nobody else reads.
+
+        Blocks wholly past the kept positions are dropped (a cached one stays in the prefix cache:
+        its content is still right for its tokens). The block holding the cut, if the cut is
+        inside it and the block is in the prefix cache or shared, is copied on write: a new block
+        takes its place, so a cached block never changes content. Returns the (source,
+        destination) blocks the caller copies in the KV pool before the next forward."""
+        bs = self.block_size
+        keep = self.blocks_for(num_tokens)
+        for block_id in reversed(seq.block_table[keep:]):
+            self.ref_counts[block_id] -= 1
+            if self.ref_counts[block_id] == 0:
+                self.free_ids[block_id] = None
+        del seq.block_table[keep:]
+        copies = []
+        if num_tokens % bs and keep:
+            last = seq.block_table[-1]
+            if self.ref_counts[last] > 1 or self.block_keys[last] is not None:
+                new = self._take_free() if self.free_ids else None
+                if new is None:  # no block to copy into: recompute the whole block instead
+                    self.ref_counts[last] -= 1
+                    if self.ref_counts[last] == 0:
+                        self.free_ids[last] = None
+                    seq.block_table.pop()
+                    num_tokens = len(seq.block_table) * bs
+                else:
+                    copies.append((last, new))
+                    self.ref_counts[last] -= 1
+                    if self.ref_counts[last] == 0:
+                        self.free_ids[last] = None
+                    seq.block_table[-1] = new
+        seq.num_computed = min(seq.num_computed, num_tokens)
+        seq.num_hashed_blocks = min(seq.num_hashed_blocks, num_tokens // bs)
+        return copies
 
     def free(self, seq: Sequence) -> None:
         """Drop the sequence's blocks; blocks no one else uses return to the free list."""

@@ -45,6 +45,16 @@ class KVCache:
         assert tokens is not None
         return max(tokens // block_size, 0)
 
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy whole blocks (source, destination) in every layer: copy-on-write after a rollback."""
+        if not pairs:
+            return
+        bs = self.block_size
+        src = torch.cat([torch.arange(s * bs, (s + 1) * bs) for s, _ in pairs]).to(self.k[0].device)
+        dst = torch.cat([torch.arange(d * bs, (d + 1) * bs) for _, d in pairs]).to(self.k[0].device)
+        for cache in (*self.k, *self.v):
+            cache[dst] = cache[src]
+
     @property
     def nbytes(self) -> int:
         return self.num_blocks * self.block_size * self.layout.bytes_per_token

@@ -21,7 +21,9 @@ import torch
 
 from ..config import ModelSpec
 from ..errors import ConfigError
-from ..policies.base import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, normalized_entropy
+from ..policies.base import (
+    ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, Verdict, VerifyResult, normalized_entropy,
+)  # fmt: skip
 from .attention_choice import choose_attention_backend
 from .batch import ScheduledBatch
 from .block_manager import BlockManager
@@ -87,6 +89,12 @@ class ModelCore:
         self.policy = policy
         self.routing = name in policy.models and len(policy.models) > 1
         self.model_index = policy.models.index(name) if name in policy.models else -1
+        # verifying policies (policies/base.py): the verifier checks what the other models wrote,
+        # which stays tentative until then; this core either verifies or drafts
+        verifier = policy.verifier if self.routing else None
+        self.verifier_index = policy.models.index(verifier) if verifier is not None else None
+        self.verifies = verifier == name
+        self.drafts = verifier is not None and not self.verifies
         # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
         self.keep_kv_on_handoff = keep_kv_on_handoff
@@ -152,7 +160,7 @@ class ModelCore:
     # ---- what arrives ----------------------------------------------------------------------
     def add(self, req: Request) -> None:
         """A new request from the caller."""
-        self._admit(Sequence(req, token_ids=list(req.prompt_ids)))
+        self._admit(Sequence(req, token_ids=list(req.prompt_ids), num_confirmed=len(req.prompt_ids)))
 
     def receive(self, msg: PeerMessage, req: Request, out: Outbox, refuse: bool = False) -> None:
         """A request arrives from a peer: take the suffix, then catch up (or prefill if new here).
@@ -166,6 +174,8 @@ class ModelCore:
             out.releases.append(req.request_id)
             return
         held = len(seq.token_ids) if seq is not None else 0
+        if seq is not None and msg.start < held and self.verifier_index is not None:
+            held = self._supersede(seq, msg)  # a message is authoritative from its start: drop what it rolled back
         if not msg.start <= held <= msg.start + len(msg.tokens):  # a gap, or the sender knows less than us
             error = f"hand-off from {msg.source!r} carries tokens [{msg.start}, {msg.start + len(msg.tokens)}) but {self.name!r} holds {held}"
             if seq is not None:
@@ -183,10 +193,39 @@ class ModelCore:
             seq.token_ids.extend(new_tokens)
             self.policy.receive(msg, seq.policy_state)
             self.scheduler.resume(seq)
+        seq.num_confirmed = max(seq.num_confirmed, min(msg.confirmed, len(seq.token_ids)))
+        if self.verifies and len(seq.token_ids) > seq.num_confirmed:
+            self._check(seq, msg.source)
         seq.peer_known[msg.source] = len(seq.token_ids)
         seq.stalls = msg.stalls
         self.counters.catchups += 1
         self.counters.catchup_tokens += seq.num_uncomputed
+
+    def _supersede(self, seq: Sequence, msg: PeerMessage) -> int:
+        """Under a verifying policy a message replaces what we hold from its start on: keep the
+        tokens it agrees with, roll the rest back (a rejected draft). Returns the tokens kept."""
+        ours = seq.token_ids[msg.start :]
+        same = next((i for i, (a, b) in enumerate(zip(ours, msg.tokens)) if a != b), min(len(ours), len(msg.tokens)))
+        keep = msg.start + same
+        if keep < len(seq.token_ids):
+            self._rollback(seq, keep)
+        return keep
+
+    def _check(self, seq: Sequence, source: str) -> None:
+        """The tokens from seq.num_confirmed on are tentative: the next forward that reaches the
+        end computes the verifier's logits over them (from the position before the first)."""
+        seq.verify_start, seq.verify_source = seq.num_confirmed, source
+        if seq.num_computed > seq.verify_start - 1:  # that position's logits are not computed again otherwise
+            self.cache.copy_blocks(self.blocks.truncate(seq, seq.verify_start - 1))
+
+    def _rollback(self, seq: Sequence, n: int) -> None:
+        """Keep the first n tokens: the rest, and their KV, go (the KV's blocks copied on write
+        where the prefix cache or another request holds them); peers are told again from there."""
+        del seq.token_ids[n:]
+        self.cache.copy_blocks(self.blocks.truncate(seq, min(seq.num_computed, n)))
+        for peer in seq.peer_known:
+            seq.peer_known[peer] = min(seq.peer_known[peer], n)
+        seq.num_confirmed = min(seq.num_confirmed, n)
 
     def abort(self, request_id: str, out: Outbox) -> None:
         """The caller ends a request: the owner reports its end, a pending copy just goes."""
@@ -235,7 +274,10 @@ class ModelCore:
                 seqs = [batch.seqs[r] for r in forward.sample_rows]
                 if seqs:
                     sampled = self._sample(seqs, forward.logits)
-                    decision = self._route(seqs, forward, sampled, out)
+                    logits, hidden = forward.logits, forward.hidden
+                    if forward.verify:  # a verifier's checks: accept, roll back, write the next position
+                        seqs, sampled, logits, hidden = self._verify(forward, seqs, sampled, out)
+                    decision = self._route(seqs, logits, hidden, sampled, out)
                     if decision is not None:
                         self._apply(seqs, sampled.tolist(), *decision, out)
             except Exception as e:  # a failed forward fails its batch, not the worker
@@ -274,13 +316,13 @@ class ModelCore:
         return self.sampler(logits, st)
 
     def _route(
-        self, seqs: list[Sequence], fwd: ForwardOutput, sampled: torch.Tensor, out: Outbox
+        self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor, out: Outbox
     ) -> tuple[list | None, list | None] | None:
         """The policy's decision per row (keep the token? which model next?); (None, None) when
         not routing; None when the policy raised, which fails the requests of this call only."""
         if self.routing:
             try:
-                keep, next_model = self._policy_route(seqs, fwd, sampled)
+                keep, next_model = self._policy_route(seqs, logits, hidden, sampled)
             except Exception as e:
                 log.exception("model %r: policy.route failed", self.name)
                 msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
@@ -293,19 +335,22 @@ class ModelCore:
         self.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
         return keep, next_model
 
-    def _policy_route(self, seqs: list[Sequence], fwd: ForwardOutput, sampled: torch.Tensor) -> tuple[list, list]:
+    def _policy_route(self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor) -> tuple[list, list]:
         requires = self.policy.requires
         result = StepResult(
             model=self.name,
             model_index=self.model_index,
             request_ids=[s.request_id for s in seqs],
             tokens=sampled,
-            logits=fwd.logits,
+            logits=logits,
             num_generated=torch.tensor([s.num_generated for s in seqs]),
             states=[s.policy_state for s in seqs],
-            entropy=normalized_entropy(fwd.logits) if ENTROPY in requires else None,
-            hidden=fwd.hidden,
+            entropy=normalized_entropy(logits) if ENTROPY in requires else None,
+            hidden=hidden,
             token_embedding=self.loaded.model.get_input_embeddings()(sampled) if TOKEN_EMBEDDING in requires else None,
+            params=[s.req.params for s in seqs],
+            seeds=[s.req.seed for s in seqs],
+            tentative=torch.tensor([len(s.token_ids) + 1 - s.num_confirmed for s in seqs]) if self.drafts else None,
         )
         decision = self.policy.route(result)
         n = len(seqs)
@@ -325,20 +370,31 @@ class ModelCore:
             self._apply_one(seq, tokens[i], kept, target, out)
 
     def _apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox) -> None:
-        """One request's outcome of a step: append the token (if kept), finish, stay, or hand off."""
+        """One request's outcome of a step: append the token (if kept), finish, stay, or hand off.
+        A drafter's token is tentative: not reported, and where the request would end (or the
+        drafts reach the policy's limit) the verifier takes it and decides."""
         new = [token] if kept else []
         if kept:
             seq.token_ids.append(token)
             seq.stalls = 0
             req = seq.req
-            if (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids:
-                return self._end(seq, out, "stop", tokens=new)
-            if seq.num_generated >= req.max_tokens:
-                return self._end(seq, out, "length", tokens=new)
+            stop = (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
+            full = seq.num_generated >= req.max_tokens
+            if self.drafts:
+                if stop or full or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
+                    target = self.verifier_index
+            else:
+                seq.num_confirmed = len(seq.token_ids)
+                if stop:
+                    return self._end(seq, out, "stop", tokens=new)
+                if full:
+                    return self._end(seq, out, "length", tokens=new)
+        reported = [] if self.drafts else new
         if target == self.model_index:
             if not kept:
                 return self._end(seq, out, "error", "policy discarded a token without handing the request off")
-            out.events.append(self._event(seq, new))
+            if reported:
+                out.events.append(self._event(seq, reported))
             return
         # Hand off: park here with blocks kept, send the peer the suffix it has not seen.
         if not kept:
@@ -346,10 +402,13 @@ class ModelCore:
             if seq.stalls > MAX_STALLS:
                 return self._end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
         name = self.policy.models[target]
-        ev = self._event(seq, new, handoff_to=name)
+        ev = self._event(seq, reported, handoff_to=name)
         out.events.append(ev)
         known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
-        msg = PeerMessage(seq.request_id, self.name, name, seq.token_ids[known:], start=known, stalls=seq.stalls)
+        msg = PeerMessage(
+            seq.request_id, self.name, name, seq.token_ids[known:], start=known, stalls=seq.stalls,
+            confirmed=seq.num_confirmed,
+        )  # fmt: skip
         try:
             msg = self.policy.send(msg, seq.policy_state)
         except Exception as e:
@@ -362,6 +421,85 @@ class ModelCore:
         seq.peer_known[name] = len(seq.token_ids)
         self.scheduler.park(seq)
         out.handoffs.append(PeerHandOff(name, msg, seq.req))
+
+    # ---- verification (verifying policies) ---------------------------------------------------
+    def _verify(self, fwd: ForwardOutput, seqs: list[Sequence], sampled: torch.Tensor, out: Outbox):
+        """The verifier's checks in this step: the policy accepts a prefix of each request's
+        tentative tokens; they are reported (written by their drafter), the rest roll back here
+        (and on the drafter when the request returns), and the verifier writes the next position:
+        the token the policy gives, else one sampled from its own distribution there. Requests
+        that end on an accepted token drop out; the others go on to `route` with the logits of
+        the position they write."""
+        checks = [i for i, r in enumerate(fwd.sample_rows) if r in fwd.verify]
+        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]
+        verdict = self._policy_verify([seqs[i] for i in checks], spans)
+        logits, tokens = fwd.logits.clone(), sampled.clone()
+        ended: set[int] = set()
+        resample: list[tuple[int, torch.Tensor]] = []
+        for j, i in enumerate(checks):
+            seq, span = seqs[i], spans[j]
+            start, drafts = seq.verify_start, seq.token_ids[seq.verify_start :]
+            accept = int(verdict.accept[j])
+            source, seq.verify_start, seq.verify_source = seq.verify_source, None, None
+            if self._confirm(seq, start, drafts[:accept], source, out):
+                ended.add(i)
+                continue
+            if accept < len(drafts):
+                self._rollback(seq, start + accept)
+            seq.num_confirmed = len(seq.token_ids)
+            logits[i] = span[accept]
+            given = -1 if verdict.tokens is None else int(verdict.tokens[j])
+            if given >= 0:
+                tokens[i] = given
+            elif accept < len(drafts):  # the last position's sample stands only when every draft does
+                resample.append((i, span[accept]))
+        if resample:
+            redo = self._sample([seqs[i] for i, _ in resample], torch.stack([row for _, row in resample]))
+            for (i, _), t in zip(resample, redo.tolist()):
+                tokens[i] = t
+        keep = [i for i in range(len(seqs)) if i not in ended]
+        hidden = fwd.hidden[keep] if fwd.hidden is not None else None
+        return [seqs[i] for i in keep], tokens[keep], logits[keep], hidden
+
+    def _policy_verify(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> Verdict:
+        counts = [span.shape[0] - 1 for span in spans]
+        width = max(counts)
+        drafts = torch.full((len(seqs), width), -1, dtype=torch.long)
+        logits = spans[0].new_zeros((len(seqs), width + 1, spans[0].shape[-1]))
+        for j, (seq, span) in enumerate(zip(seqs, spans)):
+            drafts[j, : counts[j]] = torch.tensor(seq.token_ids[seq.verify_start :])
+            logits[j, : counts[j] + 1] = span
+        result = VerifyResult(
+            model=self.name, model_index=self.model_index, request_ids=[s.request_id for s in seqs],
+            sources=[s.verify_source for s in seqs], start=torch.tensor([s.verify_start for s in seqs]),
+            num_drafts=torch.tensor(counts), drafts=drafts, logits=logits,
+            num_generated=torch.tensor([s.verify_start - s.req.num_prompt_tokens for s in seqs]),
+            states=[s.policy_state for s in seqs], params=[s.req.params for s in seqs], seeds=[s.req.seed for s in seqs],
+        )  # fmt: skip
+        verdict = self.policy.verify(result)
+        n = len(seqs)
+        if verdict.accept.shape != (n,) or (verdict.tokens is not None and verdict.tokens.shape != (n,)):
+            raise ValueError(f"verify returned shapes {tuple(verdict.accept.shape)}; expected ({n},)")
+        accept = verdict.accept.tolist()
+        if any(not 0 <= a <= c for a, c in zip(accept, counts)):
+            raise ValueError("verify accepted a number of drafts outside [0, num_drafts]")
+        return verdict
+
+    def _confirm(self, seq: Sequence, start: int, accepted: list[int], source: str, out: Outbox) -> bool:
+        """Report accepted tentative tokens as their drafter's; True if the request ends on one
+        of them (its EOS, a stop token, or max_tokens), which ends it here."""
+        req = seq.req
+        for j, token in enumerate(accepted):
+            stop = (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
+            if stop or start + j + 1 - req.num_prompt_tokens >= req.max_tokens:
+                self._release(seq)
+                out.releases.append(seq.request_id)
+                out.events.append(WorkerEvent(seq.request_id, accepted[: j + 1], source, num_cached_prompt=seq.num_cached_prompt))
+                out.events.append(self._event(seq, finish_reason="stop" if stop else "length"))
+                return True
+        if accepted:
+            out.events.append(WorkerEvent(seq.request_id, list(accepted), source, num_cached_prompt=seq.num_cached_prompt))
+        return False
 
     # ---- bookkeeping -----------------------------------------------------------------------
     def _admit(self, seq: Sequence) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,6 +25,9 @@ class ForwardOutput:
     model_time: float  # seconds inside the model's forward (the rest of a step is engine overhead)
     threads: int  # torch intra-op threads the forward ran on
     hidden: torch.Tensor | None = None  # [len(sample_rows), H] last hidden states, when captured
+    # per batch row with a verifier's check: [span, vocab] logits from the position before its
+    # first tentative token to the last position (the last row equals the row's `logits`)
+    verify: dict[int, torch.Tensor] = field(default_factory=dict)
 
 
 class HiddenCapture:
@@ -165,14 +168,41 @@ class ModelRunner:
         if self.threads is not None:
             use_threads(self.threads)
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
+        extra, spans = self.verify_positions(batch)
         t0 = time.perf_counter()
         if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):  # graph or eager: ours to choose
             logits, hidden = self.graphs.replay(input_ids, positions, meta)
         else:
             self.backend.plan(meta)
-            keep = torch.tensor(last_index, device=self.device, dtype=torch.long)
+            keep = torch.tensor(last_index + extra, device=self.device, dtype=torch.long)
             logits, hidden = self.run_model(input_ids, positions, meta, keep)
-        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, torch.get_num_threads(), hidden)
+        verify = {}
+        if spans:  # a check's rows: every position but the last after the sampled rows, then the last
+            n = len(last_index)
+            last = {row: i for i, row in enumerate(sample_rows)}
+            for row, (offset, count) in spans.items():
+                verify[row] = torch.cat([logits[n + offset : n + offset + count], logits[last[row] : last[row] + 1]])
+            logits, hidden = logits[:n], (hidden[:n] if hidden is not None else None)
+        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, torch.get_num_threads(), hidden, verify)
+
+    @staticmethod
+    def verify_positions(batch: ScheduledBatch) -> tuple[list[int], dict[int, tuple[int, int]]]:
+        """For rows that reach the end of a sequence with a verifier's check: the batch indices of
+        the check's positions but the last (whose logits every final row gets anyway), and per
+        such row where its span starts among them and how long it is."""
+        extra: list[int] = []
+        spans: dict[int, tuple[int, int]] = {}
+        start = batch.num_decode
+        for row in range(batch.num_decode, len(batch)):
+            seq, n = batch.seqs[row], batch.num_new[row]
+            end = seq.num_computed + n
+            if seq.verify_start is not None and end == len(seq.token_ids):
+                first = seq.first_logit_position
+                assert first >= seq.num_computed, "the scheduler keeps a check's positions in the last chunk"
+                spans[row] = (len(extra), end - 1 - first)
+                extra.extend(start + (p - seq.num_computed) for p in range(first, end - 1))
+            start += n
+        return extra, spans
 
     def run_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor | int

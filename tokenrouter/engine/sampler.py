@@ -70,6 +70,17 @@ class Sampler:
         if st.all_greedy:
             return greedy_tokens
         greedy = st.temperature == 0
+        probs = self.probs(logits, st)
+        cdf = probs.cumsum(dim=-1)
+        u = uniform_from(st.seeds, st.steps).to(cdf.dtype) * cdf[:, -1]
+        sampled = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
+        sampled = sampled.clamp_(max=logits.shape[-1] - 1)
+        return torch.where(greedy, greedy_tokens, sampled)
+
+    def probs(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """The distribution each row samples from, float32, unnormalised after min-p (a greedy row's
+        is its softmax at temperature 1: such rows take the argmax instead)."""
+        greedy = st.temperature == 0
         x = logits.float() / torch.where(greedy, 1.0, st.temperature)[:, None]
         if st.any_top_k or st.any_top_p:
             x = self._top_k_top_p(x, st)
@@ -77,11 +88,7 @@ class Sampler:
         if st.any_min_p:
             floor = probs.amax(dim=-1, keepdim=True) * st.min_p[:, None]
             probs = torch.where(probs < floor, 0.0, probs)
-        cdf = probs.cumsum(dim=-1)
-        u = uniform_from(st.seeds, st.steps).to(cdf.dtype) * cdf[:, -1]
-        sampled = torch.searchsorted(cdf, u[:, None], right=True).squeeze(1)
-        sampled = sampled.clamp_(max=logits.shape[-1] - 1)
-        return torch.where(greedy, greedy_tokens, sampled)
+        return probs
 
     @staticmethod
     def _top_k_top_p(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

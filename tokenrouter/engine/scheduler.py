@@ -103,6 +103,15 @@ class Scheduler:
             f"{self.blocks.capacity_tokens} tokens ({self.blocks.num_blocks} blocks of {self.blocks.block_size})"
         )
 
+    @staticmethod
+    def _chunk(seq: Sequence, budget: int) -> int:
+        """Tokens of the sequence to compute this step: all, or a chunk that leaves the positions
+        whose logits it needs (a verifier's check) whole for its last chunk (0: none fits now)."""
+        n = min(seq.num_uncomputed, budget)
+        if n < seq.num_uncomputed:
+            n = min(n, seq.num_uncomputed - seq.verify_span)
+        return max(n, 0)
+
     def schedule(self) -> tuple[ScheduledBatch | None, list[tuple[Sequence, Exception]]]:
         """Pick this step's batch; also return sequences that can never fit, to be failed."""
         budget = self.max_num_batched_tokens
@@ -118,7 +127,7 @@ class Scheduler:
             seq = queue.popleft()
             n = seq.num_uncomputed
             if n > 1:
-                n = min(n, budget)
+                n = self._chunk(seq, budget)
             if n == 0 or budget == 0:
                 kept.append(seq)
                 continue
@@ -160,7 +169,10 @@ class Scheduler:
                     deferred.append(self.waiting.popleft())
                     continue
                 self.blocks.match_prefix(seq, (hashes, cached))
-            n = min(seq.num_uncomputed, budget)
+            n = self._chunk(seq, budget)
+            if n == 0:  # its last chunk must hold a verifier's check whole: next step
+                self.blocks.free(seq)
+                break
             bs = self.blocks.block_size
             need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
             if need > self.blocks.num_free:
@@ -170,7 +182,7 @@ class Scheduler:
                 if decodes or prefills or kept:  # others hold the memory: wait for them to finish
                     self.blocks.free(seq)
                     break
-                n = fits  # alone: prefill in chunks that fit
+                n = self._chunk(seq, fits)  # alone: prefill in chunks that fit
                 if n <= 0:
                     self.blocks.free(seq)
                     break

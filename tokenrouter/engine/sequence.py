@@ -52,6 +52,12 @@ class Sequence:
     peer_known: dict[str, int] = field(default_factory=dict)  # tokens each peer already knows
     policy_state: dict = field(default_factory=dict)  # the policy's own per-request fields
     stalls: int = 0  # hand-offs in a row that added no token (guards against ping-pong)
+    # a verifier's pending check: tokens from `verify_start` on were written by `verify_source` and
+    # are tentative; the next forward that reaches the sequence's end returns the verifier's
+    # logits from position verify_start - 1 on (verifying policies, policies/base.py)
+    verify_start: int | None = None
+    verify_source: str | None = None
+    num_confirmed: int = 0  # leading tokens the caller may see; later ones are tentative (set at admission)
 
     @property
     def request_id(self) -> str:
@@ -64,3 +70,15 @@ class Sequence:
     @property
     def num_generated(self) -> int:
         return len(self.token_ids) - self.req.num_prompt_tokens
+
+    @property
+    def first_logit_position(self) -> int:
+        """The first position whose logits the forward that reaches the end must return: the last
+        one, or for a verifier's check the one before the first tentative token."""
+        return len(self.token_ids) - 1 if self.verify_start is None else self.verify_start - 1
+
+    @property
+    def verify_span(self) -> int:
+        """Positions whose logits that forward returns: 1, or the check's drafts + 1. They are
+        computed in one step (the scheduler's last chunk of the sequence holds them all)."""
+        return len(self.token_ids) - self.first_logit_position

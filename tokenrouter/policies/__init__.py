@@ -5,20 +5,26 @@ from .base import (
     HIDDEN,
     STEP_FIELDS,
     TOKEN_EMBEDDING,
+    VERIFY,
     PeerMessage,
     Policy,
     Route,
     StepResult,
+    Verdict,
+    VerifyResult,
     normalized_entropy,
 )
+from .bild import BiLD
 from .citer import CITER
 from .collm import CoLLM
 from .escalation import Escalation
 from .r2r import R2R
 from .rstitch import RStitch
 from .single import Single
+from .speculative import Speculative
 
 __all__ = [
+    "BiLD",
     "CITER",
     "CoLLM",
     "Escalation",
@@ -31,7 +37,11 @@ __all__ = [
     "Route",
     "STEP_FIELDS",
     "Single",
+    "Speculative",
     "StepResult",
     "TOKEN_EMBEDDING",
+    "VERIFY",
+    "Verdict",
+    "VerifyResult",
     "normalized_entropy",
 ]

@@ -5,6 +5,13 @@ says, per request, whether to keep the sampled token and which model writes next
 moves, `send` builds the message to the peer (the engine fills in the token suffix the peer has
 not seen) and `receive` turns it into the peer's local state. Built-in policies decide with
 tensor ops, never a Python loop over requests.
+
+A *verifying* policy (VERIFY in `requires`) also gets, when a request returns to its verifier
+(the last of its models) with tokens another model wrote, the verifier's distributions at every
+one of those positions, from the catch-up step that computes them anyway. `verify(result)` says
+how many to accept; the engine rolls back the rest everywhere, and the verifier writes the next
+position. Until accepted, tokens the other models write are tentative: the caller never sees
+them, so a stream never takes text back.
 """
 
 from __future__ import annotations
@@ -19,7 +26,8 @@ import torch
 ENTROPY = "entropy"  # normalized entropy of the next-token distribution
 HIDDEN = "hidden"  # the stepping model's last hidden state (what its output head sees)
 TOKEN_EMBEDDING = "token_embedding"  # the stepping model's input embedding of the sampled token
-STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING})
+VERIFY = "verify"  # the verifier's distributions over the tentative tokens it catches up on (`verify`)
+STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING, VERIFY})
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -43,9 +51,49 @@ class StepResult:
     entropy: torch.Tensor | None = None  # [B] normalized entropy, if the policy requires ENTROPY
     hidden: torch.Tensor | None = None  # [B, H] last hidden states, if the policy requires HIDDEN
     token_embedding: torch.Tensor | None = None  # [B, H] sampled tokens' embeddings, if TOKEN_EMBEDDING
+    params: list = field(default_factory=list)  # each request's SamplingParams
+    seeds: list[int] = field(default_factory=list)  # each request's seed (for reproducible draws)
+    # a verifying policy's drafter: the tentative tokens each request holds, this one included
+    tentative: torch.Tensor | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
+
+
+@dataclass
+class VerifyResult:
+    """The verifier's catch-up over tentative tokens, for the requests that arrived with some.
+
+    Request i brought `num_drafts[i]` tokens written by `sources[i]`, `drafts[i, :num_drafts[i]]`,
+    starting at sequence position `start[i]`. `logits[i, j]` is the verifier's next-token logits
+    before draft j (j = 0 .. num_drafts[i]); row num_drafts[i] is the distribution of the position
+    after the last draft. Rows past it are padding."""
+
+    model: str
+    model_index: int
+    request_ids: list[str]
+    sources: list[str]
+    start: torch.Tensor  # [B] long
+    num_drafts: torch.Tensor  # [B] long, >= 1
+    drafts: torch.Tensor  # [B, K] long, -1 past num_drafts
+    logits: torch.Tensor  # [B, K + 1, V]
+    num_generated: torch.Tensor  # [B] tokens generated before the first draft
+    states: list[dict]
+    params: list = field(default_factory=list)
+    seeds: list[int] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.request_ids)
+
+
+@dataclass
+class Verdict:
+    """Per request: how many of its drafts to accept (a prefix), and optionally the token the
+    verifier writes after them (-1, or `tokens` None: the engine samples it from the verifier's
+    own distribution there, with the request's sampling parameters)."""
+
+    accept: torch.Tensor  # [B] long, 0 .. num_drafts
+    tokens: torch.Tensor | None = None  # [B] long
 
 
 @dataclass
@@ -74,6 +122,7 @@ class PeerMessage:
     target: str
     tokens: list[int]  # the suffix of the request's tokens the target has not seen (as far as the source knows)
     start: int = 0  # position of tokens[0] in the request's whole sequence (prompt included)
+    confirmed: int = 0  # tokens before this position are confirmed; later ones are tentative (verifying policies)
     fields: dict = field(default_factory=dict)  # the policy's own fields
     stalls: int = 0  # hand-offs in a row that added no token (the engine's guard against ping-pong)
 
@@ -86,6 +135,26 @@ class Policy(ABC):
     """
 
     requires: frozenset[str] = frozenset()
+    max_draft: int | None = None  # a verifying policy: most tentative tokens before the verifier checks them
+
+    @property
+    def verifier(self) -> str | None:
+        """A verifying policy's verifier: its last model. Tokens the other models write are
+        tentative until it accepts them. None for a policy that does not verify."""
+        return self.models[-1] if VERIFY in self.requires else None
+
+    def verify(self, result: VerifyResult) -> Verdict:
+        """A verifying policy's acceptance of the tentative tokens (batched, like `route`)."""
+        raise NotImplementedError(f"{type(self).__name__} requires VERIFY but does not implement verify()")
+
+    @property
+    def wants_profiles(self) -> bool:
+        """Whether the engine should measure its models' step latencies at start (autobatch's
+        latency profiles, cached) and hand them to `use_profiles`."""
+        return False
+
+    def use_profiles(self, profiles: dict) -> None:
+        """Each model's LatencyProfile (its `.table(tokens)` gives seconds per step), at start."""
 
     def validate(self, models: dict) -> None:
         """Called at engine start with each model's `LoadedModel`: raise ConfigError if the policy

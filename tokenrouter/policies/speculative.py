@@ -1,0 +1,168 @@
+"""Speculative decoding as a verifying policy: the draft model writes k tokens, the target's
+catch-up step over them (which it computes anyway) verifies them, and the target writes the next
+token itself. Lossless: the output is the target's alone.
+
+Greedy: a draft is accepted while it is the target's argmax. Sampling (Leviathan et al. 2023;
+Chen et al. 2023): draft x, drawn from the draft's distribution q, is accepted with probability
+min(1, p(x) / q(x)) under the target's p; the first rejected position is redrawn from the
+normalised max(0, p - q), and after k accepted drafts the target draws one more from p. The
+output is then distributed as the target's. Every draw is seeded by the request's seed and the
+position, so a seeded request is reproducible.
+
+`k="auto"` picks the draft length from the acceptance rate seen lately and the two models'
+step-latency profiles: a cycle of k drafts yields (1 - a^(k+1)) / (1 - a) tokens for k draft
+steps and one verify step of k + 1 tokens per request, against one token per target step
+alone; k = 0 (the target writes alone) wins when the batch is large enough that verifying costs
+what it would cost the target to write the tokens itself.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..engine.sampler import Sampler, SamplingTensors, uniform_from
+from ..errors import ConfigError
+from .base import VERIFY, Policy, Route, StepResult, Verdict, VerifyResult
+
+_ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws
+_RESIDUAL_SALT = 0x2E51D0A1
+
+
+class Speculative(Policy):
+    requires = frozenset({VERIFY})
+
+    def __init__(self, k: int | str = 4, draft: str = "small", target: str = "large", max_k: int = 8):
+        if draft == target:
+            raise ConfigError("Speculative: draft and target must be different models")
+        if k == "auto":
+            if isinstance(max_k, bool) or not isinstance(max_k, int) or not 1 <= max_k <= 64:
+                raise ConfigError(f"Speculative: max_k must be an int in [1, 64], got {max_k!r}")
+            self.max_draft = max_k
+        elif isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= 64:
+            raise ConfigError(f"Speculative: k must be an int in [1, 64] or 'auto', got {k!r}")
+        else:
+            self.max_draft = k
+        self.k = k
+        self.draft, self.target = draft, target
+        self._sampler = Sampler()
+        self.auto = AutoDraftLength(self.max_draft) if k == "auto" else None
+
+    @property
+    def models(self) -> list[str]:
+        return [self.draft, self.target]
+
+    def receive(self, msg, state: dict) -> None:
+        super().receive(msg, state)
+        if msg.target == self.draft:  # back from the target: its drafts were all judged
+            state.pop("q", None)
+
+    @property
+    def wants_profiles(self) -> bool:
+        return self.auto is not None
+
+    def use_profiles(self, profiles: dict) -> None:
+        if self.auto is not None:
+            draft, target = profiles[self.draft].table, profiles[self.target].table
+            self.auto.use_profiles(lambda b: float(draft(b)), lambda n: float(target(n)))
+
+    def draft_length(self, batch: int) -> int:
+        return self.auto.choose(batch) if self.auto is not None else self.k
+
+    def route(self, result: StepResult) -> Route:
+        n = len(result)
+        if result.model == self.draft:  # keep every draft; the k-th goes to the target
+            for state, p, seed, token, row in zip(result.states, result.params, result.seeds, result.tokens, result.logits):
+                if p.temperature > 0:  # the draft's distribution, for the acceptance test
+                    st = SamplingTensors.build([p], [seed], [0], row.device)
+                    state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
+            k = torch.tensor([s.get("k", self.draft_length(n)) for s in result.states])
+            move = result.tentative >= k
+            return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
+        k = self.draft_length(n)  # the target's own token is kept; with k = 0 it goes on alone
+        for state in result.states:
+            state["k"] = k
+        return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.full((n,), 0 if k else 1, dtype=torch.long))
+
+    def verify(self, result: VerifyResult) -> Verdict:
+        accept = torch.zeros(len(result), dtype=torch.long)
+        tokens = torch.full((len(result),), -1, dtype=torch.long)
+        for i in range(len(result)):
+            n = int(result.num_drafts[i])
+            drafts, logits, p = result.drafts[i, :n], result.logits[i, : n + 1], result.params[i]
+            state = result.states[i]
+            q = state.pop("q", [])
+            if p.temperature == 0:
+                agree = logits[:n].argmax(dim=-1) == drafts
+                accept[i] = n if bool(agree.all()) else int(agree.long().argmin())
+            else:
+                accept[i], tokens[i] = self._sample_accept(result, i, drafts, logits, q[-n:])
+            if self.auto is not None:
+                self.auto.observe(int(accept[i]), n)
+        return Verdict(accept=accept, tokens=tokens)
+
+    def _sample_accept(self, result: VerifyResult, i: int, drafts, logits, q: list[torch.Tensor]) -> tuple[int, int]:
+        """Speculative sampling for one request: (drafts accepted, the token at the first rejection
+        or -1 when all are accepted and the engine draws the next one from p)."""
+        n = len(drafts)
+        params, seed = result.params[i], result.seeds[i]
+        first = int(result.num_generated[i])
+        steps = list(range(first, first + n + 1))
+        st = SamplingTensors.build([params] * (n + 1), [seed] * (n + 1), steps, logits.device)
+        p = self._sampler.probs(logits, st)
+        p = p / p.sum(dim=-1, keepdim=True)
+        seeds = torch.full((n,), seed, dtype=torch.long) ^ _ACCEPT_SALT
+        u = uniform_from(seeds, torch.tensor(steps[:n]))
+        for j in range(n):
+            x = int(drafts[j])
+            qj = q[j] / q[j].sum()
+            if u[j] * float(qj[x]) < float(p[j, x]):  # accepted with probability min(1, p/q)
+                continue
+            residual = torch.clamp(p[j] - qj.to(p.dtype), min=0)
+            if float(residual.sum()) <= 0:  # p = q here: any draw of p will do
+                residual = p[j]
+            cdf = (residual / residual.sum()).double().cumsum(0)
+            r = uniform_from(torch.tensor([seed ^ _RESIDUAL_SALT]), torch.tensor([steps[j]]))
+            return j, int(torch.searchsorted(cdf, r * cdf[-1], right=True).clamp_(max=len(cdf) - 1))
+        return n, -1
+
+    def __repr__(self) -> str:
+        return f"Speculative(k={self.k!r}, draft={self.draft!r}, target={self.target!r})"
+
+
+class AutoDraftLength:
+    """k for `Speculative(k="auto")`: the length that maximises tokens per unit of time, from the
+    acceptance rate seen lately and the cost of a draft step and of a verify step relative to a
+    target step at the current batch size (from the models' latency profiles, once the engine
+    has them; until then a draft step costs a third of a target step and a verify step one)."""
+
+    HALF_LIFE = 64  # drafts: the acceptance rate follows the recent traffic
+
+    def __init__(self, max_k: int):
+        self.max_k = max_k
+        self.accepted, self.drafted = 4.0, 5.0  # a prior of 0.8 (the demo pair's greedy agreement)
+        self.draft_cost = lambda b: 1 / 3  # seconds of a draft step over a target step, for b rows
+        self.verify_cost = lambda b, k: 1.0  # a target step over b rows of k + 1 tokens, over one of b rows
+
+    def use_profiles(self, draft_latency, target_latency) -> None:
+        """Step latencies (seconds against tokens in the step) of the draft and target models."""
+        self.draft_cost = lambda b: draft_latency(b) / target_latency(b)
+        self.verify_cost = lambda b, k: target_latency(b * (k + 1)) / target_latency(b)
+
+    def observe(self, accepted: int, drafted: int) -> None:
+        decay = 0.5 ** (drafted / self.HALF_LIFE)
+        self.accepted = self.accepted * decay + accepted
+        self.drafted = self.drafted * decay + drafted
+
+    @property
+    def rate(self) -> float:
+        return min(0.99, max(0.0, self.accepted / self.drafted))
+
+    def choose(self, batch: int) -> int:
+        a = self.rate
+        best_k, best = 0, 1.0  # k = 0: the target alone, one token per target step
+        for k in range(1, self.max_k + 1):
+            tokens = (1 - a ** (k + 1)) / (1 - a)
+            speed = tokens / (k * self.draft_cost(batch) + self.verify_cost(batch, k))
+            if speed > best * 1.02:  # a clear gain, not noise in the profiles
+                best_k, best = k, speed
+        return best_k
