@@ -50,7 +50,7 @@ async def generate_all(engine, prompts, params) -> list:
     return outs
 
 
-async def wait_all_free(engine, timeout: float = 10.0) -> None:
+async def wait_all_free(engine, timeout: float = 60.0) -> None:
     """Wait until no worker holds any request or KV block (workers free KV asynchronously)."""
     if not await wait_free(engine, timeout):
         raise AssertionError(f"KV not freed: {engine.stats()}")

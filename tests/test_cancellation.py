@@ -3,7 +3,9 @@
 States: waiting (admitted, not yet scheduled), prefilling (between chunks), decoding, handing
 off (cancelled during the step that sends it to the peer, so the hand-off arrives after the
 abort), pending at a peer (its KV kept on the model it left), and in the middle of a hand-off
-(the message posted to the peer's inbox, not yet taken). Means: `abort()`, cancelling the caller's task, leaving a
+(the message posted to the peer's inbox, not yet taken); and under a verifying policy
+(Speculative): drafting (tentative tokens on the draft model), in transit to the verifier, and
+verifying (the target about to check the drafts). Means: `abort()`, cancelling the caller's task, leaving a
 stream early, and closing the engine. A `StepGate` freezes the worker in the state, the request
 is cancelled, the gate opens. Then: the caller saw a clean end, every worker's KV is free, the
 engine tracks nothing, and a bystander request running alongside got exactly the reference
@@ -19,14 +21,16 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter.policies import Speculative
 from tokenrouter.engine.inbox import HandOff
 from tokenrouter.engine.sequence import SeqStatus
 from tokenrouter.testing import load_reference_models, reference_generate
 
-from .helpers import EveryK, StepGate, holds_nothing, wait_all_free
+from .helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
 
 K = 4  # the policy moves the request to the other model after every K tokens
 POLICY = EveryK(K)
+POLICIES = {"everyk": POLICY, "speculative": Speculative(k=3)}
 VICTIM_PROMPT = [(7 * i) % 300 + 3 for i in range(100)]  # long: prefilled in chunks of 16
 BYSTANDER_PROMPT = [11, 12, 13, 14, 15]
 BYSTANDER = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
@@ -67,14 +71,30 @@ def _bystander_on_large(w):
     return s is not None and s.status is SeqStatus.RUNNING
 
 
-# state -> (the worker to gate, predicate, the victim starts only once the gate is hit)
+def _drafting(w):  # tentative tokens on the draft model, after some were confirmed (and streamed)
+    s = _seq(w)
+    return (
+        s is not None and s.status is SeqStatus.RUNNING and s.num_confirmed > len(VICTIM_PROMPT)
+        and len(s.token_ids) > s.num_confirmed
+    )  # fmt: skip
+
+
+def _verifying(w):  # the target's next step checks the victim's drafts
+    s = _seq(w)
+    return s is not None and s.status is SeqStatus.RUNNING and s.verify_start is not None
+
+
+# state -> (the worker to gate, predicate, the victim starts only once the gate is hit, policy)
 STATES = {
-    "waiting": ("small", _waiting, False),
-    "prefilling": ("small", _prefilling, False),
-    "decoding": ("small", _decoding, False),
-    "handing_off": ("small", _handing_off, False),  # the hand-off is sent after the cancellation
-    "pending_at_peer": ("large", _pending_at_peer, False),
-    "mid_handoff": ("large", _bystander_on_large, True),
+    "waiting": ("small", _waiting, False, "everyk"),
+    "prefilling": ("small", _prefilling, False, "everyk"),
+    "decoding": ("small", _decoding, False, "everyk"),
+    "handing_off": ("small", _handing_off, False, "everyk"),  # the hand-off is sent after the cancellation
+    "pending_at_peer": ("large", _pending_at_peer, False, "everyk"),
+    "mid_handoff": ("large", _bystander_on_large, True, "everyk"),
+    "drafting": ("small", _drafting, False, "speculative"),
+    "to_verifier": ("large", _bystander_on_large, True, "speculative"),  # the drafts wait in its inbox
+    "verifying": ("large", _verifying, False, "speculative"),
 }
 MEANS = ["abort", "cancel_task", "leave_stream", "engine_exit"]
 CASES = [
@@ -82,7 +102,7 @@ CASES = [
     for state in STATES
     for means in MEANS
     # Leaving a stream happens between deltas: a request with no token yet has none to leave at.
-    if not (means == "leave_stream" and state in ("waiting", "prefilling"))
+    if not (means == "leave_stream" and state in ("waiting", "prefilling", "to_verifier"))
 ]
 
 
@@ -106,7 +126,7 @@ def _count_late_tokens(engine, gate):
 @pytest.fixture(scope="module")
 def bystander_ref(tiny_pair):
     models = load_reference_models(tiny_pair, torch.float64)
-    return reference_generate(POLICY, models, BYSTANDER_PROMPT, BYSTANDER)
+    return {name: reference_generate(p, models, BYSTANDER_PROMPT, BYSTANDER) for name, p in POLICIES.items()}
 
 
 def _specs(pair):
@@ -116,10 +136,11 @@ def _specs(pair):
 
 @pytest.mark.parametrize("state, means", CASES, ids=[f"{s}-{m}" for s, m in CASES])
 def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
-    gated, predicate, victim_after_gate = STATES[state]
+    gated, predicate, victim_after_gate, policy = STATES[state]
+    bystander_ref = bystander_ref[policy]
 
     async def main():
-        engine = Engine(models=_specs(tiny_pair), policy=POLICY, num_threads=1)
+        engine = Engine(models=_specs(tiny_pair), policy=POLICIES[policy], num_threads=1)
         await engine.start()
         old_workers = list(engine.workers.values())
         gate = StepGate(engine.workers[gated], predicate)
@@ -152,12 +173,10 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
                 await gate.wait_hit()  # the large model is busy with the bystander...
                 tg.start_soon(victim, scope_box)
                 large = engine.workers["large"]
-                for _ in range(2000):  # ...while the victim's hand-off waits in its inbox
-                    if any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in large.inbox.snapshot()):
-                        break
-                    await anyio.sleep(0.005)
-                else:
-                    raise AssertionError("the victim's hand-off never reached the large model's inbox")
+                await wait_until(  # ...while the victim's hand-off waits in its inbox
+                    lambda: any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in large.inbox.snapshot()),
+                    60, "the victim's hand-off in the large model's inbox",
+                )  # fmt: skip
             else:
                 tg.start_soon(victim, scope_box)
                 await gate.wait_hit()
@@ -201,7 +220,9 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
             assert result["victim"] == "left"
         await wait_all_free(engine)  # KV free in every worker, nothing running, waiting or pending
         assert holds_nothing(engine)
-        assert late_tokens["victim"] <= 1, "the victim kept running after it was cancelled"
+        # at most the frozen step's output: one token, or a check's accepted drafts and the verifier's own
+        frozen_step = (POLICIES[policy].max_draft or 0) + 1
+        assert late_tokens["victim"] <= frozen_step, "the victim kept running after it was cancelled"
         by = result["bystander"]
         assert by.token_ids == bystander_ref.token_ids and by.token_models == bystander_ref.token_models
         assert engine.health().healthy

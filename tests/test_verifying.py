@@ -1,0 +1,265 @@
+"""Verifying policies (policies/base.py VERIFY): speculative decoding and BiLD inside the routing
+runtime. The verifier's catch-up over the drafter's tokens verifies them; rejected ones roll back
+everywhere; the caller sees only accepted tokens."""
+
+from __future__ import annotations
+
+import random
+
+import anyio
+import pytest
+import torch
+
+from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
+from tokenrouter.policies import BiLD, Speculative
+
+from .helpers import hf_greedy, holds_nothing, wait_all_free
+
+K_VALUES = [1, 2, 4, 8, "auto"]
+
+
+def _specs(pair, **kw):
+    return {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=4096, block_size=8, **kw) for n, p in pair.items()}
+
+
+def _workload(tokenizer, n=16, seed=7):
+    """Mixed prompt and output lengths."""
+    rng = random.Random(seed)
+    return [
+        ([rng.randrange(3, len(tokenizer)) for _ in range(rng.choice([3, 9, 17, 30]))], rng.randint(5, 40))
+        for _ in range(n)
+    ]
+
+
+@pytest.mark.parametrize("k", K_VALUES)
+def test_greedy_speculative_equals_the_large_model_alone(tiny_pair, tokenizer, k, monkeypatch, tmp_path):
+    """Token for token against Hugging Face generate on the large model, 16 requests at once."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))  # k="auto" profiles the models: cache them here
+    work = _workload(tokenizer)
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=Speculative(k=k)) as e:
+            outs = await _all(e, work)
+            await wait_all_free(e)
+            assert holds_nothing(e)
+            return outs
+
+    outs = anyio.run(main)
+    for (prompt, n), out in zip(work, outs):
+        ref = hf_greedy(tiny_pair["large"], prompt, n)
+        assert out.token_ids == ref, (prompt, n)
+        assert out.finish_reason == "length"
+        assert set(out.token_models) <= {"small", "large"} and len(out.token_models) == len(out.token_ids)
+
+
+async def _all(engine, work):
+    outs = [None] * len(work)
+
+    async def one(i):
+        prompt, n = work[i]
+        outs[i] = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+
+    async with anyio.create_task_group() as tg:
+        for i in range(len(work)):
+            tg.start_soon(one, i)
+    return outs
+
+
+def test_verifying_policies_are_checked_at_construction(tiny_pair):
+    with pytest.raises(ConfigError, match="max_num_batched_tokens"):
+        Engine(models=_specs(tiny_pair, max_num_batched_tokens=4), policy=Speculative(k=8))
+    with pytest.raises(ConfigError, match="k must be"):
+        Speculative(k=0)
+    with pytest.raises(ConfigError, match="fallback"):
+        BiLD(fallback=1.5)
+
+
+def test_bild_runs_and_frees_everything(tiny_pair, tokenizer):
+    """The tiny pair's models are unrelated and the large one is peaked (-log p of the small
+    model's token is often > 10 nats), so only a wide rollback threshold keeps small tokens."""
+    work = _workload(tokenizer, n=8)
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=BiLD(fallback=0.5, rollback=20.0)) as e:
+            outs = await _all(e, work)
+            await wait_all_free(e)
+            assert holds_nothing(e)
+            return outs
+
+    outs = anyio.run(main)
+    for (_, n), out in zip(work, outs):
+        assert out.finish_reason == "length" and len(out.token_ids) == n
+    assert any("small" in o.token_models for o in outs) and any("large" in o.token_models for o in outs)
+
+
+def _reference(tiny_pair, policy, work, params_of):
+    from tokenrouter.testing import load_reference_models, reference_generate
+
+    models = load_reference_models(tiny_pair, dtype=torch.float64)
+    return [reference_generate(policy, models, prompt, params_of(i, n)) for i, (prompt, n) in enumerate(work)]
+
+
+@pytest.mark.parametrize(
+    "policy, temperature",
+    [
+        (BiLD(fallback=0.5, rollback=20.0), 0.0),
+        (BiLD(fallback=0.4, rollback=15.0, max_draft=3), 0.0),
+        (Speculative(k=3), 0.8),
+        (BiLD(fallback=0.3, rollback=6.0), 0.9),
+    ],
+    ids=["bild-greedy", "bild-greedy-short-drafts", "speculative-sampled", "bild-sampled"],
+)
+def test_engine_equals_the_slow_reference(tiny_pair, tokenizer, policy, temperature):
+    """Tokens and who wrote each, against `reference_generate` (the policy run the slow, obvious
+    way), 16 requests at once; sampled requests are seeded, so they match too."""
+    work = _workload(tokenizer, seed=11)
+
+    def params_of(i, n):
+        return SamplingParams(temperature=temperature, max_tokens=n, ignore_eos=True, seed=1000 + i)
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=policy) as e:
+            outs = [None] * len(work)
+
+            async def one(i):
+                outs[i] = await e.generate(work[i][0], params_of(i, work[i][1]))
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(work)):
+                    tg.start_soon(one, i)
+            await wait_all_free(e)
+            return outs
+
+    outs = anyio.run(main)
+    refs = _reference(tiny_pair, policy, work, params_of)
+    for out, ref in zip(outs, refs):
+        assert out.token_ids == ref.token_ids
+        assert out.token_models == ref.token_models
+        assert out.finish_reason == ref.finish_reason
+    written = [m for out in outs for m in out.token_models]
+    assert "small" in written and "large" in written  # both models' tokens survive, so rollback was partial
+
+
+class CachedBlocksWatch:
+    """Snapshots every block's KV when it enters the prefix cache; `changed()` lists the blocks
+    that still carry that entry but whose KV no longer equals the snapshot (an in-place write)."""
+
+    def __init__(self, core):
+        self.core, self.seen = core, {}
+        real = core.blocks.register_full_blocks
+
+        def register(seq):
+            before = set(seq.block_table[: seq.num_hashed_blocks])
+            real(seq)
+            for block_id in seq.block_table[: seq.num_hashed_blocks]:
+                key = core.blocks.block_keys[block_id]
+                if block_id not in before and key is not None and (block_id, key) not in self.seen:
+                    self.seen[(block_id, key)] = self._kv(block_id)
+
+        core.blocks.register_full_blocks = register
+
+    def _kv(self, block_id):
+        bs = self.core.blocks.block_size
+        return [t[block_id * bs : (block_id + 1) * bs].clone() for t in (*self.core.cache.k, *self.core.cache.v)]
+
+    def changed(self) -> list[int]:
+        keys = self.core.blocks.block_keys
+        return [
+            b for (b, key), snap in self.seen.items()
+            if keys[b] == key and any(not torch.equal(a, c) for a, c in zip(snap, self._kv(b)))
+        ]  # fmt: skip
+
+
+def test_rollback_never_changes_a_cached_block_and_shared_prefixes_stay_correct(tiny_pair, tokenizer):
+    """Small blocks, so drafts that are later rejected fill blocks that enter the prefix cache;
+    a second wave of requests shares prefixes (and whole prompts) with the first. Every output is
+    the large model's, and no cached block's KV was ever written in place."""
+    rng = random.Random(5)
+    shared = [rng.randrange(3, len(tokenizer)) for _ in range(13)]
+    first = [(shared + [rng.randrange(3, len(tokenizer)) for _ in range(rng.randint(0, 6))], rng.randint(8, 24)) for _ in range(8)]
+    second = [(p + [rng.randrange(3, len(tokenizer))], n) for p, n in first[:4]] + first[4:]
+    specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=8192, block_size=4) for n, p in tiny_pair.items()}
+
+    async def main():
+        async with Engine(models=specs, policy=Speculative(k=4)) as e:
+            watches = [CachedBlocksWatch(w.core) for w in e.workers.values()]
+            outs = await _all(e, first) + await _all(e, second)
+            await wait_all_free(e)
+            return outs, watches, {m: s.prefix_cache_hit_tokens for m, s in e.stats().items()}
+
+    outs, watches, hits = anyio.run(main)
+    assert hits["large"] > 0  # the second wave did reuse cached blocks
+    for (prompt, n), out in zip(first + second, outs):
+        assert out.token_ids == hf_greedy(tiny_pair["large"], prompt, n)
+    assert sum(len(w.seen) for w in watches) > 0
+    assert [w.changed() for w in watches] == [[], []]
+
+
+SAMPLES = 3000
+
+
+def _exact_two_tokens(model_path, prompt, params) -> dict[tuple[int, int], float]:
+    """The target's exact distribution of its first two tokens under `params` (top-k keeps it small)."""
+    from transformers import AutoModelForCausalLM
+
+    from tokenrouter.engine.sampler import Sampler, SamplingTensors
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64).eval()
+    sampler = Sampler()
+
+    def probs(ids):
+        with torch.no_grad():
+            logits = model(torch.tensor([ids])).logits[0, -1:]
+        p = sampler.probs(logits, SamplingTensors.build([params], [0], [0], logits.device))[0].double()
+        return p / p.sum()
+
+    first = probs(prompt)
+    joint = {}
+    for t1 in first.nonzero().flatten().tolist():
+        second = probs(prompt + [t1])
+        for t2 in second.nonzero().flatten().tolist():
+            joint[(t1, t2)] = float(first[t1] * second[t2])
+    return joint
+
+
+def _chi_square_p(observed: dict, expected: dict, n: int) -> float:
+    """p-value of a chi-square goodness-of-fit test (cells expecting fewer than 5 pooled)."""
+    cells, pooled_o, pooled_e = [], 0, 0.0
+    for key, p in expected.items():
+        e = n * p
+        if e < 5:
+            pooled_o, pooled_e = pooled_o + observed.get(key, 0), pooled_e + e
+        else:
+            cells.append((observed.get(key, 0), e))
+    outside = n - sum(observed.get(k, 0) for k in expected)  # outcomes the target never gives
+    cells.append((pooled_o + outside, pooled_e))
+    stat = sum((o - e) ** 2 / e for o, e in cells if e > 0) + (1e9 if outside else 0)
+    df = len(cells) - 1
+    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
+    """Thousands of seeds: the first two tokens under Speculative are distributed as the target's
+    own (exact, computed from the target alone), by a chi-square test at p > 0.01."""
+    prompt = [17, 40, 9, 101, 33]
+    params = SamplingParams(temperature=1.0, top_k=6, max_tokens=2, ignore_eos=True)
+    expected = _exact_two_tokens(tiny_pair["large"], prompt, params)
+
+    async def main():
+        counts: dict = {}
+        async with Engine(models=_specs(tiny_pair, max_num_seqs=64), policy=Speculative(k=k)) as e:
+            async def one(seed):
+                out = await e.generate(prompt, params.model_copy(update={"seed": seed}))
+                key = tuple(out.token_ids)
+                counts[key] = counts.get(key, 0) + 1
+
+            async with anyio.create_task_group() as tg:
+                for seed in range(SAMPLES):
+                    tg.start_soon(one, seed)
+            await wait_all_free(e)
+        return counts
+
+    counts = anyio.run(main)
+    assert sum(counts.values()) == SAMPLES
+    assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
