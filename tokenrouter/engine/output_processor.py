@@ -49,11 +49,8 @@ class OutputProcessor:
             if self.t_first is None:
                 self.t_first = time.monotonic()
                 self.num_cached_prompt = ev.num_cached_prompt
-            new_ids = ev.token_ids
-            self.token_ids.extend(new_ids)
+            new_ids = self._add_tokens(ev.token_ids)
             self.token_models.extend([ev.model] * len(new_ids))
-            if self._append_text(self.detok.add(new_ids)):
-                self.finish_reason = "stop"
         if ev.finish_reason is not None and not self.done:
             reason = ev.finish_reason
             if reason in ("stop", "length") and self._append_text(self.detok.flush()):
@@ -84,6 +81,22 @@ class OutputProcessor:
         self.finish_reason, self.error = "error", error
         self.t_end = time.monotonic()
         return StreamDelta(self.req.request_id, "", [], None, "error", error, self.output())
+
+    def _add_tokens(self, ids: list[int]) -> list[int]:
+        """Take the event's tokens (several when a verifier accepts drafts); return those kept.
+        With stop strings, one token at a time: the output ends at the token whose text completes
+        a stop string, as when tokens come one per step, and later ones are dropped."""
+        if not self.stops.stop:
+            self.token_ids.extend(ids)
+            if self._append_text(self.detok.add(ids)):
+                self.finish_reason = "stop"
+            return ids
+        for n, token in enumerate(ids, 1):
+            self.token_ids.append(token)
+            if self._append_text(self.detok.add([token])):
+                self.finish_reason = "stop"
+                return ids[:n]
+        return ids
 
     def _append_text(self, new_text: str) -> bool:
         """Add stable text; cut it at a stop string and return True if one appeared."""
