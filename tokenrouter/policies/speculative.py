@@ -13,10 +13,14 @@ position, so a seeded request is reproducible.
 step-latency profiles: a cycle of k drafts yields (1 - a^(k+1)) / (1 - a) tokens for k draft
 steps and one verify step of k + 1 tokens per request, against one token per target step
 alone; k = 0 (the target writes alone) wins when the batch is large enough that verifying costs
-what it would cost the target to write the tokens itself.
+what it would cost the target to write the tokens itself. The batch it plans for is every
+request in flight, wherever it is (the sum of each model's latest step size): a request drafting
+on the small model comes back to the target's batch, so the target's step alone undercounts it.
 """
 
 from __future__ import annotations
+
+import time
 
 import torch
 
@@ -46,6 +50,7 @@ class Speculative(Policy):
         self.draft, self.target = draft, target
         self._sampler = Sampler()
         self.auto = AutoDraftLength(self.max_draft) if k == "auto" else None
+        self._last_batch: dict[str, tuple[int, float]] = {}  # per model: (rows, when) of its latest step
 
     @property
     def models(self) -> list[str]:
@@ -68,6 +73,15 @@ class Speculative(Policy):
     def draft_length(self, batch: int) -> int:
         return self.auto.choose(batch) if self.auto is not None else self.k
 
+    STALE_S = 2.0  # a model that has not stepped for this long holds no request
+
+    def _in_flight(self, model: str, rows: int) -> int:
+        """Requests in flight on every model, from each one's latest step (the one stepping now
+        reports `rows`); a model idle for STALE_S counts none."""
+        now = time.monotonic()
+        self._last_batch[model] = (rows, now)
+        return sum(n for n, t in self._last_batch.values() if now - t < self.STALE_S)
+
     def route(self, result: StepResult) -> Route:
         n = len(result)
         if result.model == self.draft:  # keep every draft; the k-th goes to the target
@@ -75,26 +89,26 @@ class Speculative(Policy):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
-            k = torch.tensor([s.get("k", self.draft_length(n)) for s in result.states])
+            plan = self.draft_length(self._in_flight(result.model, n)) if self.auto is not None else self.k
+            k = torch.tensor([s.get("k", plan) for s in result.states])
             move = result.tentative >= k
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
-        k = self.draft_length(n)  # the target's own token is kept; with k = 0 it goes on alone
+        k = self.draft_length(self._in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
         for state in result.states:
             state["k"] = k
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.full((n,), 0 if k else 1, dtype=torch.long))
 
     def verify(self, result: VerifyResult) -> Verdict:
-        accept = torch.zeros(len(result), dtype=torch.long)
+        k = result.drafts.shape[1]
+        valid = torch.arange(k)[None, :] < result.num_drafts[:, None]
+        agree = (result.logits[:, :k].argmax(dim=-1).cpu() == result.drafts) | ~valid  # greedy: the target's argmax
+        accept = torch.where(agree.all(dim=1), result.num_drafts, (~agree).long().argmax(dim=1))
         tokens = torch.full((len(result),), -1, dtype=torch.long)
-        for i in range(len(result)):
+        for i, (p, state) in enumerate(zip(result.params, result.states)):
             n = int(result.num_drafts[i])
-            drafts, logits, p = result.drafts[i, :n], result.logits[i, : n + 1], result.params[i]
-            state = result.states[i]
             q = state.pop("q", [])
-            if p.temperature == 0:
-                agree = logits[:n].argmax(dim=-1) == drafts
-                accept[i] = n if bool(agree.all()) else int(agree.long().argmin())
-            else:
+            if p.temperature > 0:  # one request at a time: each has its own seed stream
+                drafts, logits = result.drafts[i, :n], result.logits[i, : n + 1]
                 accept[i], tokens[i] = self._sample_accept(result, i, drafts, logits, q[-n:])
             if self.auto is not None:
                 self.auto.observe(int(accept[i]), n)
@@ -136,10 +150,12 @@ class AutoDraftLength:
     has them; until then a draft step costs a third of a target step and a verify step one)."""
 
     HALF_LIFE = 64  # drafts: the acceptance rate follows the recent traffic
+    RETRY_HALF_LIFE = 32  # steps without drafts: the estimate drifts back to the prior
+    PRIOR = (4.0, 5.0)  # accepted, drafted: 0.8 (the demo pair's greedy agreement)
 
     def __init__(self, max_k: int):
         self.max_k = max_k
-        self.accepted, self.drafted = 4.0, 5.0  # a prior of 0.8 (the demo pair's greedy agreement)
+        self.accepted, self.drafted = self.PRIOR
         self.draft_cost = lambda b: 1 / 3  # seconds of a draft step over a target step, for b rows
         self.verify_cost = lambda b, k: 1.0  # a target step over b rows of k + 1 tokens, over one of b rows
 
@@ -165,4 +181,11 @@ class AutoDraftLength:
             speed = tokens / (k * self.draft_cost(batch) + self.verify_cost(batch, k))
             if speed > best * 1.02:  # a clear gain, not noise in the profiles
                 best_k, best = k, speed
+        if best_k == 0:
+            # No drafts, so no news of the acceptance rate: a few bad drafts (say, where the
+            # answer starts) must not switch drafting off for good. Drift back to the prior, so
+            # that a later step drafts again and measures.
+            keep = 0.5 ** (1 / self.RETRY_HALF_LIFE)
+            self.accepted = self.accepted * keep + self.PRIOR[0] * (1 - keep)
+            self.drafted = self.drafted * keep + self.PRIOR[1] * (1 - keep)
         return best_k
