@@ -16,7 +16,7 @@ from tokenrouter.eval.report import markdown, pareto_front, summarize
 from tokenrouter.eval.results import ResultsFile, check_resumable
 from tokenrouter.eval.sandbox import Limits, run_program
 from tokenrouter.eval.systems import SpecError, parse_system, parse_systems
-from tokenrouter.policies import RStitch, Single
+from tokenrouter.policies import BiLD, RStitch, Single, Speculative
 
 ADD = Problem(
     task_id="Toy/0",
@@ -165,6 +165,16 @@ def test_specs_make_systems():
     assert systems[5].single_model == "small"
 
 
+def test_verifying_specs_make_speculative_and_bild_systems():
+    systems = parse_systems(["speculative", "speculative:2,8", "bild:0.6/5,0.8/3"], MODELS)
+    assert [s.label for s in systems] == ["speculative:auto", "speculative:2", "speculative:8", "bild:0.6/5", "bild:0.8/3"]
+    spec = systems[2].make()
+    assert isinstance(spec, Speculative) and spec.k == 8 and systems[0].make().k == "auto"
+    bild = systems[4].make()
+    assert isinstance(bild, BiLD) and (bild.fallback, bild.rollback) == (0.8, 3.0)
+    assert all(s.models == ("small", "large") for s in systems)
+
+
 def factory():
     return RStitch(tau=0.5)
 
@@ -187,7 +197,15 @@ def test_an_import_path_spec_builds_the_users_policy():
         ("rstitch@somewhere", "router", "takes no router"),
         ("small:0.1", "kind", "takes no value"),
         ("single:medium", "models", "needs model(s) ['medium']"),
-        ("bogus", "kind", "expected one of small, large, single, rstitch, r2r, citer, collm"),
+        ("bogus", "kind", "expected one of small, large, single, rstitch, r2r, citer, collm, speculative, bild"),
+        ("speculative:0", "k", "must be in [1, 64]"),
+        ("speculative:four", "k", "or auto, got 'four'"),
+        ("speculative:4,4", "k", "given twice"),
+        ("bild", "point", "give FALLBACK/ROLLBACK"),
+        ("bild:0.6", "point", "expected FALLBACK/ROLLBACK"),
+        ("bild:1.5/3", "fallback", "must be in [0, 1]"),
+        ("bild:0.5/0", "rollback", "must be > 0"),
+        ("bild@somewhere", "router", "takes no router"),
         ("no_such_module_here:make", "module", "cannot import"),
         ("tests.test_eval:nothing", "factory", "has no attribute"),
         ("tests.test_eval:MODELS", "factory", "must return a tokenrouter Policy"),

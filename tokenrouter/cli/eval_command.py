@@ -43,7 +43,8 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--systems", nargs="+", metavar="SPEC", default=None,
         help="systems to compare (default: small large rstitch:0.03,0.1,0.2). SPEC is [LABEL=]BODY, BODY one of: "
         "small, large, single:NAME (a model alone); rstitch[:TAU,...]; r2r|citer|collm[:THRESHOLD,...]@DIR "
-        "(DIR from `tokenrouter train-router`; no threshold: the trained one); package.module:factory "
+        "(DIR from `tokenrouter train-router`; no threshold: the trained one); speculative[:K|auto,...] "
+        "(lossless: the small model drafts K, the large one verifies); bild:FALLBACK/ROLLBACK[,...]; package.module:factory "
         "(your own Policy). Several values make one system each",
     )  # fmt: skip
     w.add_argument("--quick", action="store_true",

@@ -8,6 +8,10 @@ A spec is `[LABEL=]BODY`; BODY is one of
     r2r[:T1,...]@DIR            R2R with the router in DIR (written by `tokenrouter train-router`),
     citer[:T1,...]@DIR          at each threshold (none given: the threshold picked at training)
     collm[:T1,...]@DIR
+    speculative[:K1,K2,...]     Speculative (small drafts, large verifies; lossless) with draft
+                                length K (an int, or auto: the default)
+    bild:F/R[,F/R,...]          BiLD at each operating point: fallback F in [0, 1], rollback R
+                                in nats (> 0)
     package.module:factory      your own policy: `factory()` returns a Policy (or is one)
 
 Several values give one system each (`rstitch:0.01,0.03,0.1` is three). A LABEL (letters,
@@ -26,10 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import ConfigError
-from ..policies import CITER, R2R, CoLLM, Policy, RStitch, Single
+from ..policies import CITER, R2R, BiLD, CoLLM, Policy, RStitch, Single, Speculative
 
 LEARNED = {"r2r": R2R, "citer": CITER, "collm": CoLLM}
-KINDS = ("small", "large", "single", "rstitch", *LEARNED)
+KINDS = ("small", "large", "single", "rstitch", *LEARNED, "speculative", "bild")
 LABEL = re.compile(r"[A-Za-z0-9_.+()-]+")
 DEFAULT_TAU = 0.03
 
@@ -51,7 +55,7 @@ class System:
     make: Callable[[], Policy] = field(repr=False, compare=False)
     models: tuple[str, ...]
     spec: str  # what the user wrote
-    value: float | None = None  # tau or threshold
+    value: float | None = None  # tau, threshold, draft length (None: auto) or BiLD's fallback
     router: str | None = None  # learned: the router directory
 
     @property
@@ -78,6 +82,44 @@ def _numbers(spec: str, what: str, text: str) -> list[float]:
     if len(set(values)) != len(values):
         raise SpecError(spec, what, "a value is given twice")
     return values
+
+
+def _draft_lengths(spec: str, text: str) -> list[int | str]:
+    values: list[int | str] = []
+    for part in text.split(","):
+        if part == "auto":
+            values.append(part)
+            continue
+        try:
+            k = int(part)
+        except ValueError:
+            raise SpecError(spec, "k", f"expected a draft length (an int in [1, 64]) or auto, got {part!r}") from None
+        if not 1 <= k <= 64:
+            raise SpecError(spec, "k", f"must be in [1, 64], got {part}")
+        values.append(k)
+    if len(set(values)) != len(values):
+        raise SpecError(spec, "k", "a value is given twice")
+    return values
+
+
+def _bild_points(spec: str, text: str) -> list[tuple[float, float]]:
+    points = []
+    for part in text.split(","):
+        fallback, slash, rollback = part.partition("/")
+        try:
+            f, r = float(fallback), float(rollback)
+        except ValueError:
+            raise SpecError(spec, "point", f"expected FALLBACK/ROLLBACK, e.g. 0.6/5, got {part!r}") from None
+        if not slash:
+            raise SpecError(spec, "point", f"expected FALLBACK/ROLLBACK, e.g. 0.6/5, got {part!r}")
+        if not 0.0 <= f <= 1.0:
+            raise SpecError(spec, "fallback", f"must be in [0, 1], got {fallback}")
+        if not r > 0:
+            raise SpecError(spec, "rollback", f"must be > 0 (nats), got {rollback}")
+        points.append((f, r))
+    if len(set(points)) != len(points):
+        raise SpecError(spec, "point", "a point is given twice")
+    return points
 
 
 def _custom(spec: str, body: str) -> Callable[[], Policy]:
@@ -153,6 +195,22 @@ def parse_system(spec: str, models: Iterable[str]) -> list[System]:
         taus = _numbers(spec, "tau", values) if colon else [DEFAULT_TAU]
         for t in taus:
             systems.append(System(f"rstitch:{t:g}", kind, lambda t=t: RStitch(tau=t), ("small", "large"), spec, t))
+    elif kind in ("speculative", "bild"):
+        if router is not None:
+            raise SpecError(spec, "router", f"{kind} takes no router")
+        if kind == "speculative":
+            for k in _draft_lengths(spec, values) if colon else ["auto"]:
+                systems.append(System(
+                    f"speculative:{k}", kind, lambda k=k: Speculative(k=k), ("small", "large"), spec,
+                    None if k == "auto" else float(k),
+                ))  # fmt: skip
+        else:
+            if not colon:
+                raise SpecError(spec, "point", "give FALLBACK/ROLLBACK, e.g. bild:0.6/5")
+            for f, r in _bild_points(spec, values):
+                systems.append(
+                    System(f"bild:{f:g}/{r:g}", kind, lambda f=f, r=r: BiLD(fallback=f, rollback=r), ("small", "large"), spec, f)
+                )
     elif kind in LEARNED:
         if router is None:
             raise SpecError(
