@@ -263,3 +263,186 @@ def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
     counts = anyio.run(main)
     assert sum(counts.values()) == SAMPLES
     assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
+
+
+@pytest.fixture(scope="module")
+def drafting_pair(tiny_pair, tmp_path_factory):
+    """The tiny pair's large model and, as drafter, a perturbed copy of it: unlike two random
+    models they agree on most tokens, so drafts are accepted, partly accepted and rejected."""
+    from tokenrouter.testing import build_perturbed_copy
+
+    root = tmp_path_factory.mktemp("drafting")
+    return {"small": build_perturbed_copy(tiny_pair["large"], root / "small", noise=0.01), "large": tiny_pair["large"]}
+
+
+def _with_eos(pair: dict, eos: int, root) -> dict:
+    """Copies of both models whose generation config names `eos` as end of sequence."""
+    import json
+    import shutil
+
+    out = {}
+    for name, path in pair.items():
+        dest = root / name
+        shutil.copytree(path, dest)
+        config = json.loads((dest / "generation_config.json").read_text())
+        config["eos_token_id"] = [eos]
+        (dest / "generation_config.json").write_text(json.dumps(config))
+        out[name] = dest
+    return out
+
+
+STOP_PROMPTS = [[17, 40, 9, 101, 33], [250, 3, 77], [5, 6, 7, 8, 9, 10, 11, 12, 13], [300, 12]]
+
+
+def _stop_strings(large) -> list[tuple]:
+    """Per prompt, a two-character stop string from the large model's own answer (served alone,
+    whose text the detokenizer tests check), placed from its fourth token on, and that run's
+    text and tokens with the stop applied: (prompt, stop, text, token ids)."""
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+
+    async def main():
+        async with Engine(models={"large": _specs({"large": large})["large"]}) as e:
+            found = []
+            for prompt in STOP_PROMPTS:
+                text = (await e.generate(prompt, params)).text
+                start = len((await e.generate(prompt, params.model_copy(update={"max_tokens": 3}))).text)
+                piece = next(
+                    (text[i : i + 2] for i in range(start, len(text) - 1)
+                     if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip() and text.find(text[i : i + 2]) == i),
+                    None,
+                )  # fmt: skip
+                if piece is not None:
+                    out = await e.generate(prompt, params.model_copy(update={"stop": [piece]}))
+                    assert out.finish_reason == "stop" and out.text == text[: text.index(piece)]
+                    found.append((prompt, piece, out.text, out.token_ids))
+            return found
+
+    found = anyio.run(main)
+    assert len(found) >= 2
+    return found
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_speculative_stops_where_the_large_model_does(drafting_pair, tokenizer, k, tmp_path):
+    """EOS, a stop token, a stop string and max_tokens falling at every position of a draft: the
+    output is Hugging Face generate's on the large model cut where it would stop, and the small
+    model did write accepted tokens (so stops inside accepted drafts were reached)."""
+    bases = [hf_greedy(drafting_pair["large"], p, 24) for p in STOP_PROMPTS]
+    cases = []  # (pair, prompt, params, expected token ids, finish reason)
+    for prompt, base in zip(STOP_PROMPTS, bases):
+        for at in (3, 6, 9, 14):
+            stop_id = base[at]
+            cut = base[: base.index(stop_id) + 1]
+            cases.append(("plain", prompt, dict(max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]), cut, "stop"))
+            cases.append(("plain", prompt, dict(max_tokens=at + 1, ignore_eos=True), base[: at + 1], "length"))
+    eos = bases[0][7]
+    eos_pair = _with_eos(drafting_pair, eos, tmp_path)
+    for prompt in STOP_PROMPTS:
+        ref = hf_greedy(eos_pair["large"], prompt, 24, eos=eos)  # independent: HF stops at EOS itself
+        cases.append(("eos", prompt, dict(max_tokens=24), ref, "stop" if eos in ref else "length"))
+    assert sum(c[0] == "eos" and c[4] == "stop" for c in cases) >= 1
+    stop_cases = _stop_strings(drafting_pair["large"])
+
+    async def main():
+        results = {}
+        for which, pair in (("plain", drafting_pair), ("eos", eos_pair)):
+            async with Engine(models=_specs(pair), policy=Speculative(k=k)) as e:
+                todo = [(i, c) for i, c in enumerate(cases) if c[0] == which]
+                extra = [(f"s{j}", s) for j, s in enumerate(stop_cases)] if which == "plain" else []
+
+                async def one(key, case):
+                    if isinstance(key, str):
+                        prompt, piece, _, _ = case
+                        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True, stop=[piece])
+                    else:
+                        prompt, params = case[1], SamplingParams(temperature=0, **case[2])
+                    results[key] = await e.generate(prompt, params)
+
+                async with anyio.create_task_group() as tg:
+                    for key, case in todo + extra:
+                        tg.start_soon(one, key, case)
+                await wait_all_free(e)
+                assert holds_nothing(e)
+        return results
+
+    results = anyio.run(main)
+    for i, (_, prompt, params, expected, reason) in enumerate(cases):
+        out = results[i]
+        assert (out.token_ids, out.finish_reason) == (expected, reason), (prompt, params)
+        assert len(out.token_models) == len(out.token_ids)
+    for j, (prompt, piece, expected_text, expected_ids) in enumerate(stop_cases):
+        out = results[f"s{j}"]
+        assert (out.finish_reason, out.text, out.token_ids) == ("stop", expected_text, expected_ids), (prompt, piece)
+    assert any("small" in out.token_models for out in results.values())
+
+
+def test_speculative_streams_concatenate_to_the_final_output(drafting_pair, tokenizer):
+    """Drafts are tentative: a stream shows only accepted tokens, never takes one back, and its
+    deltas add up to the final output (text, tokens and who wrote each)."""
+    prompt = [{"role": "user", "content": "Write a haiku about the sea 🙂"}]
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+
+    async def main():
+        async with Engine(models=_specs(drafting_pair), policy=Speculative(k=4)) as e:
+            final = await e.generate(prompt, params)
+            deltas = [d async for d in e.stream(prompt, params)]
+            await wait_all_free(e)
+        return final, deltas
+
+    final, deltas = anyio.run(main)
+    assert "".join(d.text for d in deltas) == final.text
+    assert [t for d in deltas for t in d.token_ids] == final.token_ids
+    assert [d.model for d in deltas for _ in d.token_ids] == final.token_models
+    assert {"small", "large"} <= set(final.token_models)
+    assert deltas[-1].finish_reason == "length" and all(d.finish_reason is None for d in deltas[:-1])
+
+
+@pytest.mark.parametrize(
+    "engine_kw",
+    [
+        {"delayed_batching": {"large": 8}, "batch_wait_s": 0.05},
+        {"delayed_batching": "auto"},
+    ],
+    ids=["held-back-small-pools", "auto"],
+)
+def test_speculative_under_delayed_batching(drafting_pair, tokenizer, engine_kw, monkeypatch, tmp_path):
+    """Verify rows share the large model's steps with its decodes while it holds requests back
+    (fixed B, pools small enough to evict pending copies) or sizes B itself ("auto"): outputs
+    are still the large model's alone, and every block comes back."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))  # auto profiles the models: cache them here
+    work = _workload(tokenizer, n=16, seed=13)
+    pool = 240 if "batch_wait_s" in engine_kw else 4096
+
+    async def main():
+        specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=pool, block_size=8) for n, p in drafting_pair.items()}
+        async with Engine(models=specs, policy=Speculative(k=3), **engine_kw) as e:
+            outs = await _all(e, work)
+            await wait_all_free(e)
+            assert holds_nothing(e)
+            return outs, e.stats()
+
+    outs, stats = anyio.run(main)
+    for (prompt, n), out in zip(work, outs):
+        assert out.token_ids == hf_greedy(drafting_pair["large"], prompt, n), (prompt, n)
+    assert any("small" in o.token_models for o in outs)
+    if pool == 240:
+        assert stats["small"].evictions + stats["large"].evictions > 0
+
+
+def test_auto_draft_length_follows_acceptance_and_cost_and_retries():
+    """k="auto": long drafts while drafts are cheap and accepted, none when the verifier is
+    compute-bound or drafts are rejected, and drafting again after a while without drafts."""
+    from tokenrouter.policies.speculative import AutoDraftLength
+
+    auto = AutoDraftLength(8)
+    auto.use_profiles(lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16))  # memory-bound up to 16 tokens
+    assert auto.choose(1) >= 3  # the prior (0.8) and cheap drafts
+    assert auto.choose(64) == 0  # at 64 rows every extra token costs a full step
+    for _ in range(20):
+        auto.observe(0, 4)  # every draft rejected
+    assert auto.rate < 0.1 and auto.choose(1) == 0
+    steps = 1
+    while auto.choose(1) == 0:
+        steps += 1
+        assert steps < 500, "never drafts again"
+    assert steps > 10  # not at once: the rejections still count for a while
