@@ -54,6 +54,9 @@ class BenchConfig:
     policy: Policy
     workloads: list[WorkloadSpec]
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
+    # more routed systems, each under its own policy over the same models (e.g. "speculative":
+    # Speculative(k="auto") beside RStitch's "routed"); name them in `systems` to run them
+    other_policies: dict[str, Policy] = field(default_factory=dict)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
     repeats: int = 2
     requests: int | None = None  # sessions per level; None: max(min_requests, C)
@@ -73,9 +76,13 @@ class BenchConfig:
         return self.requests if self.requests is not None else max(self.min_requests, concurrency)
 
     def check(self) -> None:
-        unknown = [s for s in self.systems if s not in SYSTEMS]
+        clash = sorted(set(self.other_policies) & set(SYSTEMS))
+        if clash:
+            raise ConfigError(f"other_policies: {clash[0]!r} is a built-in system's name")
+        unknown = [s for s in self.systems if s not in SYSTEMS and s not in self.other_policies]
         if unknown:
-            raise ConfigError(f"systems: unknown {unknown[0]!r}; expected some of {', '.join(SYSTEMS)}")
+            names = ", ".join([*SYSTEMS, *self.other_policies])
+            raise ConfigError(f"systems: unknown {unknown[0]!r}; expected some of {names}")
         if not self.systems or not self.workloads or not self.concurrency:
             raise ConfigError("give at least one system, one workload and one concurrency level")
         for name in (
@@ -88,9 +95,10 @@ class BenchConfig:
             raise ConfigError(f"concurrency: every level must be an integer >= 1, got {self.concurrency}")
         if self.max_run_s is not None and not 0 < self.max_run_s < float("inf"):
             raise ConfigError(f"max_run_s: must be a positive number of seconds, got {self.max_run_s!r}")
-        missing = [m for m in self.policy.models if m not in self.models]
-        if missing:
-            raise ConfigError(f"models: the policy names {missing}, which are not given")
+        for name, policy in {"policy": self.policy, **self.other_policies}.items():
+            missing = [m for m in policy.models if m not in self.models]
+            if missing:
+                raise ConfigError(f"models: {name} names {missing}, which are not given")
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ConfigError(f"workloads: each may be given once, got {names}")
@@ -234,7 +242,7 @@ def release_memory() -> None:
 
 async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> Engine:
     """A started engine for one system, after a warm-up request."""
-    s = SYSTEMS[system]
+    s, policy = SYSTEMS.get(system, SYSTEMS["routed"]), cfg.other_policies.get(system, cfg.policy)
     specs = {
         m: ModelSpec(
             path=cfg.models[m],
@@ -244,10 +252,10 @@ async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> En
             dtype=cfg.dtype,
             **({} if cfg.cuda_graph_max_batch is None else {"cuda_graph_max_batch": cfg.cuda_graph_max_batch}),
         )
-        for m in cfg.policy.models
+        for m in policy.models
     }
     threads = (cfg.threads_lockstep or usable_cores()) if s.mode == "lockstep" else cfg.threads
-    specs, policy = s.serves(cfg.policy, specs)
+    specs, policy = s.serves(policy, specs)
     engine = Engine(models=specs, policy=policy, mode=s.mode, num_threads=threads)
     await engine.start()
     try:
@@ -272,14 +280,16 @@ def _outputs_agree(ref: dict, other: dict) -> tuple[int, int]:
 
 
 def _compare(summaries: list[Summary], runs: list[Run]) -> list[str]:
-    """Set `same_tokens_as_routed` on every summary; a warning per difference."""
+    """Set `same_tokens_as_routed` on every summary of the policy's serving architectures (routed,
+    standard, lockstep); a warning per difference."""
     warnings = []
     by_key: dict[tuple, list[Run]] = {}
     for r in runs:
         by_key.setdefault((r.workload, r.concurrency, r.system), []).append(r)
     for s in summaries:
         ref_runs = by_key.get((s.workload, s.concurrency, "routed"))
-        if not ref_runs or SYSTEMS[s.system].alone is not None:  # one model alone writes other tokens
+        if not ref_runs or s.system not in SYSTEMS or SYSTEMS[s.system].alone is not None:
+            # one model alone, or another policy, writes other tokens
             continue
         ref = ref_runs[0].outputs()
         differing = compared = 0
@@ -382,7 +392,7 @@ async def run_bench(
                 engine, plan[(w.name, c)], c, max_run_s=cfg.max_run_s, workload=w.name, system=system, repeat=repeat
             )
             runs.append(run)
-            say(f"[{i + 1}/{len(jobs)}] {_line(run, cfg.policy.models)}")
+            say(f"[{i + 1}/{len(jobs)}] {_line(run, list(cfg.models))}")
             failed = next((t for t in run.turns if t.error is not None), None)
             if failed is not None:
                 raise BenchError(
@@ -419,11 +429,12 @@ async def run_bench(
         "systems": cfg.systems, "concurrency": cfg.concurrency, "repeats": cfg.repeats, "requests": cfg.requests,
         "min_requests": cfg.min_requests, "kv_cache_tokens": kv, "threads": cfg.threads,
         "threads_lockstep": cfg.threads_lockstep, "max_run_s": cfg.max_run_s, "reuse_engines": cfg.reuse_engines,
+        "other_policies": {name: repr(p) for name, p in cfg.other_policies.items()},
         "seed": cfg.seed, "device": cfg.device, "dtype": cfg.dtype, "warmup_tokens": cfg.warmup_tokens,
         "cuda_graph_max_batch": cfg.cuda_graph_max_batch,
     }  # fmt: skip
     return BenchResult(
-        command=command, models={m: str(cfg.models[m]) for m in cfg.policy.models}, policy=repr(cfg.policy),
+        command=command, models={m: str(p) for m, p in cfg.models.items()}, policy=repr(cfg.policy),
         machine=machine_info(), settings=settings, workloads=workloads, runs=runs, summaries=summaries,
         warnings=warnings, wall_s=time.perf_counter() - t_start,
     )  # fmt: skip
