@@ -66,6 +66,14 @@ TASKS = [
 ]
 
 
+def tasks_workload(max_tokens: int) -> WorkloadSpec:
+    """TASKS as one-turn chat sessions, each writing exactly `max_tokens` tokens."""
+    return WorkloadSpec(
+        "tasks", Sizes(max_tokens), source="bench_routing.TASKS",
+        prompts=tuple(Session([{"role": "user", "content": t}], [max_tokens]) for t in TASKS),
+    )  # fmt: skip
+
+
 def model_paths(args) -> dict[str, str]:
     if args.quick:
         from tokenrouter.testing import build_tiny_model, build_tokenizer
@@ -89,12 +97,8 @@ def main(args) -> None:
     from tokenrouter.engine.model_loader import load_tokenizer
 
     paths = model_paths(args)
-    tasks = WorkloadSpec(
-        "tasks", Sizes(args.max_tokens), source="bench_routing.TASKS",
-        prompts=tuple(Session([{"role": "user", "content": t}], [args.max_tokens]) for t in TASKS),
-    )  # fmt: skip
     cfg = BenchConfig(
-        models=paths, policy=RStitch(tau=args.tau, small="small", large="large"), workloads=[tasks],
+        models=paths, policy=RStitch(tau=args.tau, small="small", large="large"), workloads=[tasks_workload(args.max_tokens)],
         systems=args.systems, concurrency=args.concurrency, repeats=args.repeats, requests=args.requests,
         kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, threads_lockstep=args.threads_lockstep,
         max_run_s=args.max_run_s, device=args.device, dtype=args.dtype,

@@ -32,9 +32,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
 import torch
-from bench_routing import TASKS
+from bench_routing import TASKS, tasks_workload
 
-from tokenrouter.bench import BenchConfig, Session, Sizes, WorkloadSpec, markdown, run_bench
+from tokenrouter.bench import BenchConfig, markdown, run_bench
 from tokenrouter.bench.report import write_json
 from tokenrouter.policies import BiLD, RStitch, Speculative
 from tokenrouter.prompts import chat_ids
@@ -92,10 +92,6 @@ def main(args) -> None:
     from tokenrouter.engine.model_loader import load_tokenizer
 
     paths = model_paths(args)
-    tasks = WorkloadSpec(
-        "tasks", Sizes(args.max_tokens), source="bench_routing.TASKS",
-        prompts=tuple(Session([{"role": "user", "content": t}], [args.max_tokens]) for t in TASKS),
-    )  # fmt: skip
     others = {"speculative": Speculative(draft="small", target="large", k=args.k)}
     systems = ["large", "speculative", "routed"]
     if args.bild:
@@ -103,7 +99,7 @@ def main(args) -> None:
         systems.append("bild")
     cfg = BenchConfig(
         models=paths, policy=RStitch(tau=args.tau), other_policies=others, systems=systems,
-        workloads=[tasks], concurrency=args.concurrency, repeats=args.repeats, min_requests=args.min_requests,
+        workloads=[tasks_workload(args.max_tokens)], concurrency=args.concurrency, repeats=args.repeats, min_requests=args.min_requests,
         kv_cache_tokens=args.kv_cache_tokens, reuse_engines=True,
     )  # fmt: skip
     command = shlex.join([sys.executable, *sys.argv])
@@ -123,11 +119,10 @@ def main(args) -> None:
     for w in result.warnings:
         print(f"warning: {w}")
     if args.json:
-        write_json(result, args.json)
-        data = json.loads(open(args.json).read())
+        path = write_json(result, args.json)
+        data = json.loads(path.read_text(encoding="utf-8"))
         data["speculative_vs_large"] = {"compared": compared, "differences": diffs}
-        with open(args.json, "w") as f:
-            json.dump(data, f, indent=1)
+        path.write_text(json.dumps(data, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 
 
 def _k(value: str):

@@ -24,23 +24,29 @@ COLOURS = {"small": "\033[36m", "large": "\033[35m"}  # cyan, magenta
 RESET = "\033[0m"
 
 
-async def main(args) -> None:
-    store.pull("demo")  # a no-op once the pair is in the store
+async def stream_coloured(engine, messages, params):
+    """Print the answer as it streams, each model's tokens in its colour on a terminal; then a
+    line with who wrote what and the speed. Returns the final output."""
     colour = sys.stdout.isatty()
-    async with Engine(policy=RStitch(tau=args.tau), num_threads=args.threads) as engine:
-        messages = [{"role": "user", "content": args.prompt}]
-        params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
-        t0 = time.perf_counter()
-        async for delta in engine.stream(messages, params):
-            text = f"{COLOURS[delta.model]}{delta.text}{RESET}" if colour and delta.model else delta.text
-            print(text, end="", flush=True)
-            out = delta.output  # the last delta carries the whole output and its routing record
-        wall = time.perf_counter() - t0
-        print()
+    t0 = time.perf_counter()
+    async for delta in engine.stream(messages, params):
+        text = f"{COLOURS[delta.model]}{delta.text}{RESET}" if colour and delta.model else delta.text
+        print(text, end="", flush=True)
+        out = delta.output  # the last delta carries the whole output and its routing record
+    wall = time.perf_counter() - t0
+    print()
     n = len(out.token_ids)
     shares = ", ".join(f"{m} {c} ({100 * c / n:.0f}%)" for m, c in sorted(out.tokens_per_model().items()))
     legend = "  [cyan: small, magenta: large]" if colour else ""
     print(f"--- {n} tokens: {shares}; {out.num_handoffs} hand-offs; {n / wall:.1f} tokens/s{legend}")
+    return out
+
+
+async def main(args) -> None:
+    store.pull("demo")  # a no-op once the pair is in the store
+    async with Engine(policy=RStitch(tau=args.tau), num_threads=args.threads) as engine:
+        messages = [{"role": "user", "content": args.prompt}]
+        await stream_coloured(engine, messages, SamplingParams(temperature=0, max_tokens=args.max_tokens))
 
 
 if __name__ == "__main__":

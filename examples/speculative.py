@@ -14,36 +14,24 @@ in magenta; a stream never shows a draft that was later rejected.
 
 import argparse
 import os
-import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
 
+from rstitch_demo import stream_coloured  # the same coloured stream and summary line
+
 from tokenrouter import Engine, SamplingParams, Single, store
 from tokenrouter.policies import Speculative
-
-COLOURS = {"small": "\033[36m", "large": "\033[35m"}  # cyan, magenta
-RESET = "\033[0m"
 
 
 async def main(args) -> None:
     store.pull("demo")  # a no-op once the pair is in the store
-    colour = sys.stdout.isatty()
     messages = [{"role": "user", "content": args.prompt}]
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens)
     async with Engine(policy=Speculative(draft="small", target="large", k=args.k)) as engine:
-        t0 = time.perf_counter()
-        async for delta in engine.stream(messages, params):
-            text = f"{COLOURS[delta.model]}{delta.text}{RESET}" if colour and delta.model else delta.text
-            print(text, end="", flush=True)
-            out = delta.output  # the last delta carries the whole output
-        wall = time.perf_counter() - t0
-        print()
-    n = len(out.token_ids)
-    shares = ", ".join(f"{m} {c} ({100 * c / n:.0f}%)" for m, c in sorted(out.tokens_per_model().items()))
-    print(f"--- {n} tokens: {shares}; {out.num_handoffs} hand-offs; {n / wall:.1f} tokens/s")
+        out = await stream_coloured(engine, messages, params)
     if args.check:
         async with Engine(policy=Single("large")) as engine:
             t0 = time.perf_counter()

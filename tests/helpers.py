@@ -36,13 +36,15 @@ def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.floa
 
 
 async def generate_all(engine, prompts, params) -> list:
-    """Every prompt at once, each in its own task; the outputs in prompt order."""
+    """Every prompt at once, each in its own task; the outputs in prompt order. `params` is one
+    SamplingParams for all, or a list of one per prompt."""
     import anyio
 
     outs = [None] * len(prompts)
+    each = params if isinstance(params, list) else [params] * len(prompts)
 
     async def one(i):
-        outs[i] = await engine.generate(prompts[i], params)
+        outs[i] = await engine.generate(prompts[i], each[i])
 
     async with anyio.create_task_group() as tg:
         for i in range(len(prompts)):

@@ -13,7 +13,7 @@ import torch
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import BiLD, Speculative
 
-from .helpers import hf_greedy, holds_nothing, wait_all_free
+from .helpers import generate_all, hf_greedy, holds_nothing, wait_all_free
 
 K_VALUES = [1, 2, 4, 8, "auto"]
 
@@ -36,15 +36,7 @@ def test_greedy_speculative_equals_the_large_model_alone(tiny_pair, tokenizer, k
     """Token for token against Hugging Face generate on the large model, 16 requests at once."""
     monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))  # k="auto" profiles the models: cache them here
     work = _workload(tokenizer)
-
-    async def main():
-        async with Engine(models=_specs(tiny_pair), policy=Speculative(k=k)) as e:
-            outs = await _all(e, work)
-            await wait_all_free(e)
-            assert holds_nothing(e)
-            return outs
-
-    outs = anyio.run(main)
+    outs, _ = _serve(_specs(tiny_pair), Speculative(k=k), work)
     for (prompt, n), out in zip(work, outs):
         ref = hf_greedy(tiny_pair["large"], prompt, n)
         assert out.token_ids == ref, (prompt, n)
@@ -53,16 +45,23 @@ def test_greedy_speculative_equals_the_large_model_alone(tiny_pair, tokenizer, k
 
 
 async def _all(engine, work):
-    outs = [None] * len(work)
+    """Every (prompt, n) of `work` at once, greedy, exactly n tokens each."""
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for _, n in work]
+    return await generate_all(engine, [prompt for prompt, _ in work], params)
 
-    async def one(i):
-        prompt, n = work[i]
-        outs[i] = await engine.generate(prompt, SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
 
-    async with anyio.create_task_group() as tg:
-        for i in range(len(work)):
-            tg.start_soon(one, i)
-    return outs
+def _serve(specs, policy, work, **engine_kw) -> tuple[list, dict]:
+    """`work` through an engine: the outputs and the workers' stats; every block free
+    afterwards, checked."""
+
+    async def main():
+        async with Engine(models=specs, policy=policy, **engine_kw) as e:
+            outs = await _all(e, work)
+            await wait_all_free(e)
+            assert holds_nothing(e)
+            return outs, e.stats()
+
+    return anyio.run(main)
 
 
 def test_verifying_policies_are_checked_at_construction(tiny_pair):
@@ -78,15 +77,7 @@ def test_bild_runs_and_frees_everything(tiny_pair, tokenizer):
     """The tiny pair's models are unrelated and the large one is peaked (-log p of the small
     model's token is often > 10 nats), so only a wide rollback threshold keeps small tokens."""
     work = _workload(tokenizer, n=8)
-
-    async def main():
-        async with Engine(models=_specs(tiny_pair), policy=BiLD(fallback=0.5, rollback=20.0)) as e:
-            outs = await _all(e, work)
-            await wait_all_free(e)
-            assert holds_nothing(e)
-            return outs
-
-    outs = anyio.run(main)
+    outs, _ = _serve(_specs(tiny_pair), BiLD(fallback=0.5, rollback=20.0), work)
     for (_, n), out in zip(work, outs):
         assert out.finish_reason == "length" and len(out.token_ids) == n
     assert any("small" in o.token_models for o in outs) and any("large" in o.token_models for o in outs)
@@ -119,14 +110,7 @@ def test_engine_equals_the_slow_reference(tiny_pair, tokenizer, policy, temperat
 
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=policy) as e:
-            outs = [None] * len(work)
-
-            async def one(i):
-                outs[i] = await e.generate(work[i][0], params_of(i, work[i][1]))
-
-            async with anyio.create_task_group() as tg:
-                for i in range(len(work)):
-                    tg.start_soon(one, i)
+            outs = await generate_all(e, [p for p, _ in work], [params_of(i, n) for i, (_, n) in enumerate(work)])
             await wait_all_free(e)
             return outs
 
@@ -413,15 +397,8 @@ def test_speculative_under_delayed_batching(drafting_pair, tokenizer, engine_kw,
     work = _workload(tokenizer, n=16, seed=13)
     pool = 240 if "batch_wait_s" in engine_kw else 4096
 
-    async def main():
-        specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=pool, block_size=8) for n, p in drafting_pair.items()}
-        async with Engine(models=specs, policy=Speculative(k=3), **engine_kw) as e:
-            outs = await _all(e, work)
-            await wait_all_free(e)
-            assert holds_nothing(e)
-            return outs, e.stats()
-
-    outs, stats = anyio.run(main)
+    specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=pool, block_size=8) for n, p in drafting_pair.items()}
+    outs, stats = _serve(specs, Speculative(k=3), work, **engine_kw)
     for (prompt, n), out in zip(work, outs):
         assert out.token_ids == hf_greedy(drafting_pair["large"], prompt, n), (prompt, n)
     assert any("small" in o.token_models for o in outs)
