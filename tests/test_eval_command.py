@@ -63,7 +63,16 @@ def test_quick_runs_the_whole_pipeline(tmp_path, data, capsys):
     assert rc == 0 and (out / "results.md").read_text() == md
 
 
-def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, data):
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as under a terminal. A shell starts background jobs with
+    SIGINT ignored, and Python then installs no handler: a SIGINT would be dropped."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, data, ctrl_c_raises):
     common = ["--quick", "--data", str(data), "--systems", "small", "rstitch:0.2", "--concurrency", "1",
               "--speed-requests", "0"]  # fmt: skip
     ref = tmp_path / "ref"
