@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import threading
@@ -32,6 +33,8 @@ from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, Mod
 from .outputs import RequestOutput, StreamDelta
 from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
+from .structured.compiler import GrammarCompiler
+from .tools import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
 from .autobatch.throughput_model import ThroughputPrediction
 
 log = logging.getLogger(__name__)
@@ -196,6 +199,8 @@ class Engine:
         self.workers: dict[str, WorkerThread] = {}
         self._channels: dict[str, RequestChannel] = {}
         self._requests: dict[str, Request] = {}
+        self._families: dict[str, list[str]] = {}  # n > 1: a request id -> its samples' ids
+        self._grammars: GrammarCompiler | None = None  # structured output, over the entry model's vocabulary
         self._running = False
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
         self.profiles: dict[str, LatencyProfile] = {}
@@ -252,6 +257,9 @@ class Engine:
                 self.loaded[name] = await anyio.to_thread.run_sync(worker.wait_ready)
             self.workers = workers
             self._check_tokenizers()
+            entry = self.loaded[self.policy.entry_model]
+            eos = frozenset().union(*(self.loaded[m].eos_token_ids for m in self.policy.models))
+            self._grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
             self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
             if self._auto is not None or self.policy.wants_profiles:
                 try:
@@ -332,7 +340,9 @@ class Engine:
             if channel is not None:
                 channel.push(ev)
 
-    def _new_request(self, prompt: Prompt, params: SamplingParams | None, request_id: str | None) -> Request:
+    def _new_request(
+        self, prompt: Prompt, params: SamplingParams | None, request_id: str | None, tools: list[dict] | None = None
+    ) -> Request:
         if not self._running:
             raise EngineNotRunningError("the engine is not running: use `async with Engine(...)` or `await start()`")
         if params is None:
@@ -352,7 +362,7 @@ class Engine:
         bad = [t for t in params.stop_token_ids if t >= entry.vocab_size]
         if bad:
             raise InvalidRequestError("stop_token_ids", f"{bad[0]} is outside the vocabulary [0, {entry.vocab_size})")
-        ids = encode_prompt(entry.tokenizer, prompt, entry.vocab_size, entry.max_model_len)
+        ids = encode_prompt(entry.tokenizer, prompt, entry.vocab_size, entry.max_model_len, tools)
         return Request(
             request_id=request_id,
             prompt_ids=ids,
@@ -381,39 +391,95 @@ class Engine:
                     f"{req.max_tokens}), but model {name!r}'s pool holds {holds} tokens",
                 )
 
-    async def _follow(self, req: Request) -> AsyncIterator[tuple[StreamDelta, OutputProcessor]]:
-        """Submit a request and yield its deltas until it has ended on every worker."""
-        channel = RequestChannel(req.request_id)
-        self._channels[req.request_id] = channel
-        self._requests[req.request_id] = req
+    async def _prepare(
+        self, prompt: Prompt, params: SamplingParams | None, request_id: str | None, tools, tool_choice: ToolChoice
+    ) -> tuple[list[Request], ToolCallParser | None]:
+        """Validate and build a request (with its grammar compiled, off the event loop), and its n
+        samples: the first keeps the id and the seed, the others get `<id>/<i>` and seeds of their own."""
+        if tools is not None:
+            tools = normalize_tools(tools)
+        tool_choice = check_tool_choice(tool_choice, tools)
+        req = self._new_request(prompt, params, request_id, tools)
+        self._check_admissible(req)
+        parser = None
+        if tools is not None and tool_choice != "none":
+            parser = parser_for(self.loaded[self.policy.entry_model].tokenizer)
+        fmt = req.params.response_format
+        if fmt is not None and constrains(tool_choice):
+            raise InvalidRequestError("tool_choice", f"{tool_choice!r} constrains the output, and so does response_format")
+        if fmt is not None:
+            req.grammar = await anyio.to_thread.run_sync(self._grammars.compile, fmt)
+        elif parser is not None and constrains(tool_choice):
+            tag = parser.structural_tag(tools, tool_choice)
+            req.grammar = await anyio.to_thread.run_sync(self._grammars.compile_structural_tag, tag)
+        samples = [req] + [
+            dataclasses.replace(req, request_id=f"{req.request_id}/{i}", seed=_sample_seed(req.seed, i))
+            for i in range(1, req.params.n)
+        ]
+        if any(s.request_id in self._channels for s in samples[1:]):
+            raise InvalidRequestError("request_id", f"{req.request_id!r}'s samples' ids are already in use")
+        return samples, parser
+
+    async def _follow(
+        self, reqs: list[Request], parser: ToolCallParser | None = None
+    ) -> AsyncIterator[tuple[int, StreamDelta, OutputProcessor]]:
+        """Submit a request, or the samples of an n > 1 request, and yield (sample, delta, its
+        processor) until each has ended on every worker. Samples after the first are submitted
+        once a worker has reported on the first, that is after its entry model took the prompt in,
+        so they find the prompt's full blocks in the prefix cache instead of computing them again.
+        All of them share one channel."""
+        channel = RequestChannel(reqs[0].request_id)
+        tokenizer = self.loaded[self.policy.entry_model].tokenizer
+        procs: dict[str, tuple[int, OutputProcessor]] = {}
+        for i, req in enumerate(reqs):
+            self._channels[req.request_id] = channel
+            self._requests[req.request_id] = req
+            procs[req.request_id] = (i, OutputProcessor(tokenizer, req))
+        if len(reqs) > 1:
+            self._families[reqs[0].request_id] = [r.request_id for r in reqs]
         if self._auto is not None:
             self._auto.count_inflight()
-        proc = OutputProcessor(self.loaded[self.policy.entry_model].tokenizer, req)
-        aborted = False
+        aborted: set[str] = set()
+        later = reqs[1:]
         try:
-            if not self.workers[self.policy.entry_model].submit(req):
-                raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
-            while not proc.worker_done:
-                for ev in await channel.get():
+            self._submit(reqs[0])
+            while not all(p.worker_done for _, p in procs.values()):
+                events = await channel.get()
+                if later:  # the first sample's first report: its prompt is in the entry model's cache
+                    for req in later:
+                        self._submit(req)
+                    later = []
+                for ev in events:
+                    i, proc = procs[ev.request_id]
                     try:
                         delta = proc.process(ev)
                     except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only
-                        log.exception("request %s: building its output failed", req.request_id)
+                        log.exception("request %s: building its output failed", ev.request_id)
                         delta = proc.fail(f"building the output failed: {type(e).__name__}: {e}", ev)
                     if ev.resubmit is not None:  # standard-serving baseline: the client re-sends
-                        self._resubmit(ev.resubmit, req, proc)
+                        self._resubmit(ev.resubmit, proc.req, proc)
                     if delta is not None:
-                        yield delta, proc
-                if proc.done and not proc.worker_done and not aborted:
-                    self._abort_everywhere(req)  # a stop string or a failure here ended it
-                    aborted = True
+                        delta.index = i
+                        if delta.output is not None and parser is not None:
+                            _parse_tool_calls(delta.output, parser)
+                        yield i, delta, proc
+                for rid, (_, proc) in procs.items():
+                    if proc.done and not proc.worker_done and rid not in aborted:
+                        self._abort_everywhere(proc.req)  # a stop string or a failure here ended it
+                        aborted.add(rid)
         finally:
-            if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere
-                self._abort_everywhere(req)
-            self._channels.pop(req.request_id, None)
-            self._requests.pop(req.request_id, None)
+            for rid, (_, proc) in procs.items():
+                if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere
+                    self._abort_everywhere(proc.req)
+                self._channels.pop(rid, None)
+                self._requests.pop(rid, None)
+            self._families.pop(reqs[0].request_id, None)
             if self._auto is not None:
                 self._auto.count_inflight()
+
+    def _submit(self, req: Request) -> None:
+        if not self.workers[self.policy.entry_model].submit(req):
+            raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
 
     def _resubmit(self, msg, req: Request, proc: OutputProcessor) -> None:
         """Send a handed-off request to its next model as a new request with the whole sequence."""
@@ -426,35 +492,77 @@ class Engine:
             worker.abort(req.request_id)
 
     async def generate(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: ToolChoice = "auto",
     ) -> RequestOutput:
-        """Run a request to its end. A failed request returns finish_reason 'error' with `error` set."""
-        req = self._new_request(prompt, params, request_id)
-        self._check_admissible(req)
-        proc = None
-        async for _, proc in self._follow(req):
-            pass
-        assert proc is not None
-        return proc.output()
+        """Run a request to its end. A failed request returns finish_reason 'error' with `error` set.
+
+        `tools` (OpenAI's function shape; the prompt must be chat messages) are rendered by the
+        chat template, and the calls the model makes come back parsed in `tool_calls`.
+        `tool_choice`: "auto" (the model decides, unconstrained), "none" (nothing parsed),
+        "required" or {"type": "function", "function": {"name": NAME}}: the output is constrained
+        to calls whose arguments follow the tools' schemas. With `params.n > 1`, the output is
+        the first sample's and `completions` holds every sample."""
+        reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice)
+        procs: dict[int, OutputProcessor] = {}
+        async for i, _, proc in self._follow(reqs, parser):
+            procs[i] = proc
+        outs = []
+        for i in range(len(reqs)):  # each sample's last delta came with its end
+            out = procs[i].output()
+            if parser is not None:
+                _parse_tool_calls(out, parser)
+            outs.append(out)
+        if len(outs) > 1:  # the first sample, and every sample (the first as a copy: no cycle)
+            outs[0].completions = [dataclasses.replace(outs[0], completions=[])] + outs[1:]
+        return outs[0]
+
+    async def chat(
+        self,
+        messages: list[dict],
+        params: SamplingParams | None = None,
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: ToolChoice = "auto",
+        request_id: str | None = None,
+    ) -> RequestOutput:
+        """`generate` for a conversation: `messages` are chat messages, `tools` as for `generate`."""
+        if isinstance(messages, str) or not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+            raise InvalidRequestError("messages", "must be a list of chat message dicts")
+        return await self.generate(messages, params, request_id=request_id, tools=tools, tool_choice=tool_choice)
 
     async def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: ToolChoice = "auto",
     ) -> AsyncIterator[StreamDelta]:
-        """Yield text as it is produced; the last delta carries finish_reason. Leaving early aborts."""
-        req = self._new_request(prompt, params, request_id)
-        self._check_admissible(req)
-        follow = self._follow(req)
+        """Yield text as it is produced; the last delta carries finish_reason. Leaving early aborts.
+        With `params.n > 1` the samples' deltas interleave, each with its `index`, and each
+        sample has its own last delta."""
+        reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice)
+        follow = self._follow(reqs, parser)
         try:
-            async for delta, _ in follow:
+            async for _, delta, _ in follow:
                 yield delta
         finally:
             await follow.aclose()
 
     async def abort(self, request_id: str) -> None:
-        """End a request early; its generate/stream ends with finish_reason 'abort'."""
-        req = self._requests.get(request_id)
-        if req is not None:
-            self._abort_everywhere(req)
+        """End a request early (every sample of an n > 1 request); its generate/stream ends with
+        finish_reason 'abort'."""
+        for rid in self._families.get(request_id, [request_id]):
+            req = self._requests.get(rid)
+            if req is not None:
+                self._abort_everywhere(req)
 
     # ---- introspection ---------------------------------------------------------------------
     def health(self) -> EngineHealth:
@@ -511,3 +619,12 @@ class Engine:
     @property
     def _auto_thread(self) -> threading.Thread | None:  # the controller's thread (tests check it stops)
         return self._auto.thread if self._auto is not None else None
+
+
+def _sample_seed(seed: int, i: int) -> int:
+    """Sample i's seed: a stream of its own, reproducible from the request's (the golden-ratio step)."""
+    return (seed + i * 0x9E3779B97F4A7C15) % (1 << 63)
+
+
+def _parse_tool_calls(out: RequestOutput, parser: ToolCallParser) -> None:
+    out.content, out.tool_calls = parser.parse(out.text)

@@ -11,11 +11,66 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
 
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+
+
+class JsonSchema(BaseModel):
+    """Output that is one JSON value valid under `json_schema` (None: any JSON object).
+
+    `compact` (default) allows no whitespace between JSON tokens: a grammar that allows any
+    whitespace lets a weak model write whitespace until `max_tokens`, as engines warn."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    json_schema: dict[str, Any] | None = Field(None, description="A JSON Schema; None: any JSON object.")
+    compact: bool = Field(True, strict=True, description="No whitespace between JSON tokens.")
+
+
+class Regex(BaseModel):
+    """Output that matches a regular expression, whole."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pattern: StrictStr = Field(min_length=1)
+
+
+class Grammar(BaseModel):
+    """Output in the language of an EBNF grammar (GBNF, as llama.cpp and xgrammar write it), from `root`."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    ebnf: StrictStr = Field(min_length=1)
+    root: StrictStr = Field("root", min_length=1)
+
+
+ResponseFormat = Union[JsonSchema, Regex, Grammar]
+
+
+def _as_response_format(v):
+    """A pydantic model class or a JSON Schema dict means JsonSchema; OpenAI's shapes
+    ({"type": "json_schema", "json_schema": {"schema": ...}} and {"type": "json_object"}) too."""
+    if v is None or isinstance(v, (JsonSchema, Regex, Grammar)):
+        return v
+    if isinstance(v, type) and issubclass(v, BaseModel):
+        return JsonSchema(json_schema=v.model_json_schema())
+    if isinstance(v, Mapping):
+        kind = v.get("type")
+        if kind == "json_object" and set(v) == {"type"}:
+            return JsonSchema()
+        if kind == "json_schema" and isinstance(v.get("json_schema"), Mapping):
+            inner = v["json_schema"]
+            if not isinstance(inner.get("schema"), Mapping):
+                raise ValueError("response_format: an OpenAI-style json_schema needs json_schema.schema, a dict")
+            return JsonSchema(json_schema=dict(inner["schema"]))
+        return JsonSchema(json_schema=dict(v))
+    raise ValueError(
+        "response_format: must be a JSON Schema dict, a pydantic model class, JsonSchema, Regex or Grammar, "
+        f"got {type(v).__name__}"
+    )
 
 
 class SamplingParams(BaseModel):
@@ -41,6 +96,21 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = Field(False, strict=True, description="Keep generating past the model's EOS tokens.")
     include_stop_str_in_output: bool = Field(False, strict=True)
     skip_special_tokens: bool = Field(True, strict=True)
+    n: int = Field(1, ge=1, le=128, strict=True, description="Samples of the prompt, sharing its KV blocks.")
+    response_format: ResponseFormat | None = Field(
+        None, description="Constrain the output: a JSON Schema (or pydantic model class), a Regex or a Grammar."
+    )
+
+    @field_validator("response_format", mode="before")
+    @classmethod
+    def _response_format(cls, v):
+        return _as_response_format(v)
+
+    @model_validator(mode="after")
+    def _constraint_ends(self) -> SamplingParams:
+        if self.response_format is not None and self.ignore_eos:
+            raise ValueError("ignore_eos: cannot be combined with response_format (a finished grammar allows only EOS)")
+        return self
 
     @field_validator("stop", mode="before")
     @classmethod

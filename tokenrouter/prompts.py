@@ -39,21 +39,46 @@ def _check_messages(messages: Sequence[ChatMessage]) -> None:
             raise InvalidRequestError(f"prompt[{i}].content", "must be a string")
         if isinstance(content, str):
             _check_text(f"prompt[{i}].content", content)
+        calls = m.get("tool_calls")
+        if calls is not None:
+            _check_tool_calls(f"prompt[{i}].tool_calls", role, calls)
 
 
-def chat_ids(tokenizer, messages: Sequence[Mapping]) -> list[int]:
-    """Chat messages rendered by the tokenizer's chat template, with the generation prompt: the
-    one way every part of the package turns a conversation into token ids."""
+def _check_tool_calls(field: str, role: str, calls) -> None:
+    """An assistant message's earlier tool calls, in OpenAI's shape (`ToolCall.to_dict()`)."""
+    if role != "assistant":
+        raise InvalidRequestError(field, f"only assistant messages carry tool calls, not {role!r}")
+    if isinstance(calls, (str, bytes)) or not isinstance(calls, Sequence):
+        raise InvalidRequestError(field, "must be a list")
+    for j, call in enumerate(calls):
+        fn = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
+            raise InvalidRequestError(f"{field}[{j}]", 'must be {"type": "function", "function": {"name", "arguments"}}')
+        if not isinstance(fn.get("arguments"), (Mapping, str)):
+            raise InvalidRequestError(f"{field}[{j}].function.arguments", "must be a dict or a JSON string")
+
+
+def chat_ids(tokenizer, messages: Sequence[Mapping], tools: list[dict] | None = None) -> list[int]:
+    """Chat messages (and the tools offered, if any) rendered by the tokenizer's chat template,
+    with the generation prompt: the one way every part of the package turns a conversation into
+    token ids."""
     return [int(i) for i in tokenizer.apply_chat_template(
-        list(messages), add_generation_prompt=True, tokenize=True, return_dict=False
+        [dict(m) for m in messages], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
     )]  # fmt: skip
 
 
-def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int) -> list[int]:
+def encode_prompt(
+    tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int, tools: list[dict] | None = None
+) -> list[int]:
     """Token ids for a string, a list of token ids, or a list of chat messages.
 
-    Chat messages are rendered with the tokenizer's chat template, with the generation prompt.
+    Chat messages are rendered with the tokenizer's chat template, with the generation prompt
+    and, if given, the tools (which need chat messages).
     """
+    if tools is not None and not (
+        isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
+    ):
+        raise InvalidRequestError("tools", "need a prompt of chat messages (the chat template renders them)")
     if isinstance(prompt, str):
         if not prompt:
             raise InvalidRequestError("prompt", "is empty")
@@ -73,7 +98,7 @@ def encode_prompt(tokenizer, prompt: Prompt, vocab_size: int, max_model_len: int
             _check_messages(prompt)  # names the first message that is not a dict
             if getattr(tokenizer, "chat_template", None) is None:
                 raise InvalidRequestError("prompt", "chat messages need a chat template, and this tokenizer has none")
-            ids = chat_ids(tokenizer, prompt)
+            ids = chat_ids(tokenizer, prompt, tools)
         else:
             i, t = next((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, int))
             raise InvalidRequestError(

@@ -34,6 +34,7 @@ from .model_runner import ForwardOutput, ModelRunner
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
+from ..structured.matcher import MAX_ROLLBACK, GrammarState, allocate, apply_bitmask
 from .torch_attention import TorchPagedAttention
 
 log = logging.getLogger(__name__)
@@ -222,6 +223,8 @@ class ModelCore:
         """Keep the first n tokens: the rest, and their KV, go (the KV's blocks copied on write
         where the prefix cache or another request holds them); peers are told again from there."""
         del seq.token_ids[n:]
+        if seq.grammar is not None:
+            seq.grammar.truncate(n, seq.token_ids)
         self.cache.copy_blocks(self.blocks.truncate(seq, min(seq.num_computed, n)))
         for peer in seq.peer_known:
             seq.peer_known[peer] = min(seq.peer_known[peer], n)
@@ -273,6 +276,7 @@ class ModelCore:
                 forward = self._run(batch)
                 seqs = [batch.seqs[r] for r in forward.sample_rows]
                 if seqs:
+                    self._constrain(seqs, forward)
                     sampled = self._sample(seqs, forward.logits)
                     logits, hidden = forward.logits, forward.hidden
                     if forward.verify:  # a verifier's checks: accept, roll back, write the next position
@@ -306,6 +310,36 @@ class ModelCore:
         c.tokens_processed += n_tokens
         c.step_tokens[n_tokens] = c.step_tokens.get(n_tokens, 0) + 1
         return fwd
+
+    def _constrain(self, seqs: list[Sequence], fwd: ForwardOutput) -> None:
+        """Structured output: mask, in place, the logits of the rows whose request has a grammar
+        (before the policy and the sampler see them; other rows are not touched). A verifier's
+        check gets a mask at each of its positions, from the grammar's state before the drafts."""
+        rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]
+        if not rows:
+            return
+        vocab = fwd.logits.shape[-1]
+        bitmask = allocate(len(rows), vocab)
+        for j, i in enumerate(rows):
+            seq, row = seqs[i], fwd.sample_rows[i]
+            state = self._grammar_state(seq)
+            if row in fwd.verify:
+                state.advance(seq.token_ids, seq.verify_start)
+                drafts = seq.token_ids[seq.verify_start :]
+                span = allocate(len(drafts) + 1, vocab)
+                state.fill_span(drafts, span, 0)
+                apply_bitmask(fwd.verify[row], range(len(drafts) + 1), span)
+                bitmask[j] = span[-1]
+            else:
+                state.advance(seq.token_ids)
+                state.fill(bitmask, j)
+        apply_bitmask(fwd.logits, rows, bitmask)
+
+    def _grammar_state(self, seq: Sequence) -> GrammarState:
+        if seq.grammar is None:
+            depth = MAX_ROLLBACK if self.verifier_index is None else max(MAX_ROLLBACK, self.policy.max_draft + 1)
+            seq.grammar = GrammarState(seq.req.grammar, seq.req.num_prompt_tokens, depth)
+        return seq.grammar
 
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed

@@ -22,6 +22,7 @@ class Request:
     seed: int
     stop_token_ids: frozenset[int]
     max_tokens: int  # effective: params.max_tokens capped by the context limit
+    grammar: object | None = None  # structured output: the compiled grammar (xgrammar), shared and immutable
     # Set by the caller's side when the request is aborted; a worker that receives a hand-off of
     # an aborted request ends it instead of running it (the abort may have passed it in transit).
     aborted: bool = False
@@ -58,6 +59,7 @@ class Sequence:
     verify_start: int | None = None
     verify_source: str | None = None
     num_confirmed: int = 0  # leading tokens the caller may see; later ones are tentative (set at admission)
+    grammar: object | None = None  # this worker's matcher of req.grammar (structured/matcher.py), made on first use
 
     @property
     def request_id(self) -> str:

@@ -33,7 +33,8 @@ STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING, VERIFY})
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
     """H = -sum(p log p) / log V of softmax(logits), per row; in [0, 1]."""
     logp = torch.log_softmax(logits, dim=-1)
-    h = -(logp.exp() * logp).sum(dim=-1)
+    # a token masked out (-inf, structured output) adds nothing, as 0 log 0 = 0
+    h = -torch.where(torch.isneginf(logp), 0.0, logp.exp() * logp).sum(dim=-1)
     return h / math.log(logits.shape[-1])
 
 

@@ -1,0 +1,98 @@
+"""A worker's grammar state for one constrained request, and the batched token masks.
+
+Each worker keeps its own matcher per request and derives its state from the tokens it holds:
+`advance` accepts whatever it has not seen (its own tokens, or a catch-up's written by a peer),
+and `truncate` follows a rollback. So nothing of a matcher travels in a hand-off, and a worker
+in another process would do the same. Masks are built only for the rows that are constrained;
+the others' logits are not touched, so unconstrained neighbours are bit-identical.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+# xgrammar keeps at least this many accepted tokens to roll back; a rollback deeper than that
+# rebuilds the matcher from the request's tokens instead.
+MAX_ROLLBACK = 64
+
+
+class GrammarState:
+    """One request's matcher on one worker. `position`: the tokens of the sequence (prompt
+    included) up to which the matcher has accepted; it starts at the prompt's end."""
+
+    def __init__(self, compiled, prompt_len: int, max_rollback: int = MAX_ROLLBACK):
+        import xgrammar as xgr
+
+        self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
+        self.max_rollback = max_rollback
+        self.start = self.position = prompt_len
+        self.invalid = False  # a token the grammar does not allow was accepted (never, with masks on)
+
+    def advance(self, token_ids: Sequence[int], end: int | None = None) -> None:
+        """Accept token_ids[position:end]: what this worker wrote, or a catch-up a peer wrote."""
+        end = len(token_ids) if end is None else end
+        for token in token_ids[self.position : end]:
+            if not self.matcher.is_terminated() and not self.matcher.accept_token(int(token)):
+                self.invalid = True
+        self.position = max(self.position, end)
+
+    def truncate(self, n: int, token_ids: Sequence[int]) -> None:
+        """Only the first n tokens of the sequence stand (a rollback); `token_ids` holds them."""
+        if n >= self.position:
+            return
+        back = self.position - n
+        if back <= self.max_rollback and not self.invalid:
+            self.matcher.rollback(back)
+            self.position = n
+            return
+        self.matcher.reset()
+        self.position, self.invalid = self.start, False
+        self.advance(token_ids, n)
+
+    def fill(self, bitmask: torch.Tensor, row: int) -> None:
+        """The tokens allowed next, as bits in `bitmask[row]` (xgrammar's int32 layout). A matcher
+        past its stop token leaves the row as it is (such a request has ended)."""
+        if not self.matcher.is_terminated():
+            self.matcher.fill_next_token_bitmask(bitmask, index=row)
+
+    def fill_span(self, drafts: Sequence[int], bitmask: torch.Tensor, row: int) -> None:
+        """Masks at each position of a verifier's check, into rows row..row+len(drafts): before
+        each draft, then after the last. Rows past a draft the grammar refuses repeat its mask
+        (the verifier rejects that draft, so what follows it is never used). The matcher ends
+        where it started."""
+        accepted, last = 0, row + len(drafts)
+        for j in range(len(drafts) + 1):
+            if self.matcher.is_terminated():  # the draft before was the stop token: the request ends there
+                bitmask[row + j : last + 1] = bitmask[row + j - 1]
+                break
+            self.matcher.fill_next_token_bitmask(bitmask, index=row + j)
+            if j == len(drafts) or not self.matcher.accept_token(int(drafts[j])):
+                bitmask[row + j + 1 : last + 1] = bitmask[row + j]
+                break
+            accepted += 1
+        if accepted:
+            self.matcher.rollback(accepted)
+
+
+def allocate(rows: int, vocab_size: int) -> torch.Tensor:
+    """An all-allowed bitmask of `rows` rows (int32 words, 32 tokens each)."""
+    return torch.full((rows, -(-vocab_size // 32)), -1, dtype=torch.int32)
+
+
+def apply_bitmask(logits: torch.Tensor, rows: Sequence[int] | torch.Tensor, bitmask: torch.Tensor) -> None:
+    """Set to -inf, in place, the logits of `rows` whose tokens the bitmask forbids (any dtype,
+    any device; the logits' vocabulary may be wider than the tokenizer's, and those ids are
+    forbidden too)."""
+    if len(rows) == 0:
+        return
+    vocab = logits.shape[-1]
+    ids = torch.arange(vocab, device=logits.device)
+    words = bitmask.to(logits.device)
+    width = words.shape[1] * 32
+    word_index = (ids // 32).clamp(max=words.shape[1] - 1)
+    bits = (words[:, word_index] >> (ids % 32).to(torch.int32)) & 1
+    allowed = (bits == 1) & (ids < width)[None, :]
+    index = torch.as_tensor(rows, device=logits.device, dtype=torch.long)
+    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))
