@@ -41,6 +41,7 @@ from tokenrouter import (
     Single,
     TokenRouterError,
 )
+from tokenrouter.config import Grammar, JsonSchema, Regex
 from tokenrouter.testing import build_tiny_model, build_tokenizer
 
 NAN, INF = math.nan, math.inf
@@ -68,10 +69,11 @@ def _check_validation_error(e: pydantic.ValidationError, field: str, fragment: s
 
 
 # ---- SamplingParams ----------------------------------------------------------------------------
-SP_INT = ["max_tokens", "top_k", "seed"]
+SP_INT = ["max_tokens", "top_k", "seed", "n"]
 SP_FLOAT = ["temperature", "top_p", "min_p"]
 SP_BOOL = ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"]
 SP_LIST = ["stop", "stop_token_ids"]
+SP_OTHER = ["response_format"]  # dict and model-class shapes: tests/test_structured_output.py
 
 SP_ACCEPTED = [
     ("max_tokens", 1),
@@ -97,6 +99,13 @@ SP_ACCEPTED = [
     ("ignore_eos", True),
     ("include_stop_str_in_output", True),
     ("skip_special_tokens", False),
+    ("n", 1),
+    ("n", 128),
+    ("response_format", None),
+    ("response_format", JsonSchema(json_schema={"type": "object"})),
+    ("response_format", JsonSchema()),
+    ("response_format", Regex(pattern="[ab]+")),
+    ("response_format", Grammar(ebnf='root ::= "x"')),
 ]
 
 SP_REJECTED = (
@@ -136,6 +145,14 @@ SP_REJECTED = (
         ("stop_token_ids", None, "valid list"),
         ("stop_token_ids", 7, "valid list"),
         ("stop_token_ids", "1,2", "valid list"),
+        # samples
+        ("n", 0, "greater than or equal to 1"),
+        ("n", 129, "less than or equal to 128"),
+        # response formats (a schema that does not compile fails at submission: test_structured_output.py)
+        ("response_format", 5, "must be a JSON Schema dict"),
+        ("response_format", "{}", "must be a JSON Schema dict"),
+        ("response_format", int, "must be a JSON Schema dict"),
+        ("response_format", {"type": "json_schema", "json_schema": {"schema": 3}}, "json_schema.schema"),
         # unknown field
         ("bogus", 1, "Extra inputs are not permitted"),
         ("maxtokens", 16, "Extra inputs are not permitted"),
@@ -150,7 +167,7 @@ SP_REJECTED = (
 
 def test_sampling_params_tables_cover_every_field():
     fields = set(SamplingParams.model_fields)
-    assert set(SP_INT + SP_FLOAT + SP_BOOL + SP_LIST) == fields
+    assert set(SP_INT + SP_FLOAT + SP_BOOL + SP_LIST + SP_OTHER) == fields
     assert {f for f, *_ in SP_REJECTED} >= fields
     assert {f for f, _ in SP_ACCEPTED} == fields
 

@@ -399,14 +399,14 @@ class Engine:
         if tools is not None:
             tools = normalize_tools(tools)
         tool_choice = check_tool_choice(tool_choice, tools)
+        if constrains(tool_choice) and isinstance(params, SamplingParams) and params.response_format is not None:
+            raise InvalidRequestError("tool_choice", f"{tool_choice!r} constrains the output, and so does response_format")
         req = self._new_request(prompt, params, request_id, tools)
         self._check_admissible(req)
         parser = None
         if tools is not None and tool_choice != "none":
-            parser = parser_for(self.loaded[self.policy.entry_model].tokenizer)
+            parser = parser_for(self.loaded[self.policy.entry_model].tokenizer, tools)
         fmt = req.params.response_format
-        if fmt is not None and constrains(tool_choice):
-            raise InvalidRequestError("tool_choice", f"{tool_choice!r} constrains the output, and so does response_format")
         if fmt is not None:
             req.grammar = await anyio.to_thread.run_sync(self._grammars.compile, fmt)
         elif parser is not None and constrains(tool_choice):

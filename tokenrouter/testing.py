@@ -18,8 +18,26 @@ import torch
 from .config import SamplingParams
 from .policies.base import Policy
 
+# ChatML, and tools in the Hermes format Qwen2.5's template uses (a system block listing them, calls
+# in <tool_call> blocks, results in <tool_response> blocks), so the tiny models run tool calls too.
 CHATML_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if tools %}<|im_start|>system\n"
+    "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
+    "# Tools\n\nYou may call one or more functions. Their signatures are within <tools></tools>:\n<tools>\n"
+    "{% for tool in tools %}{{ tool | tojson }}\n{% endfor %}</tools>\n\n"
+    "For each call, return a JSON object with the function name and arguments within <tool_call></tool_call>:\n"
+    '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call><|im_end|>\n'
+    "{% endif %}"
+    "{% for m in messages %}"
+    "{% if m['role'] == 'system' and tools and loop.first %}"
+    "{% elif m['role'] == 'assistant' and m['tool_calls'] is defined and m['tool_calls'] %}<|im_start|>assistant\n"
+    "{% if m['content'] %}{{ m['content'] }}\n{% endif %}"
+    "{% for c in m['tool_calls'] %}<tool_call>\n"
+    '{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
+    "\n</tool_call>{% endfor %}<|im_end|>\n"
+    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
+    "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
 

@@ -92,9 +92,12 @@ def constrains(tool_choice: ToolChoice) -> bool:
 
 class ToolCallParser:
     """One chat format's tool calls: how to find them in text, and the structural tag that
-    constrains them. Subclass it for another format."""
+    constrains them. Subclass it for another format. `tool_names`: the tools offered."""
 
     name = ""
+
+    def __init__(self, tool_names: Sequence[str] = ()):
+        self.tool_names = frozenset(tool_names)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
         """(the text without the calls, the calls) of a model's answer."""
@@ -106,12 +109,22 @@ class ToolCallParser:
 
 
 class HermesToolCallParser(ToolCallParser):
-    """`<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, as Qwen2.5's template asks."""
+    """`<tool_call>\\n{"name": NAME, "arguments": {...}}\\n</tool_call>`, as Qwen2.5's template asks.
+
+    Small models often answer a tool request with the same JSON object in a ```json fence, or
+    bare, instead (Qwen2.5-Coder-1.5B-Instruct does: tests/data/qwen25_tool_calls.json). An
+    answer that is nothing but such an object, naming an offered tool, is read as that call."""
 
     name = "hermes"
     BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+    WHOLE = re.compile(r"^(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?$", re.DOTALL)
 
     def parse(self, text: str) -> tuple[str, list[ToolCall]]:
+        whole = self.WHOLE.match(text.strip())
+        if whole and "<tool_call>" not in text:
+            call = _call_from_json(whole.group(1))
+            if call is not None and call.name in self.tool_names:
+                return "", [call]
         calls: list[ToolCall] = []
         kept: list[str] = []
         last = 0
@@ -128,8 +141,18 @@ class HermesToolCallParser(ToolCallParser):
     def structural_tag(self, tools: list[dict], tool_choice: ToolChoice):
         import xgrammar as xgr
 
-        # xgrammar's "qwen_3" format is this one (the Hermes block); no reasoning section.
-        return xgr.get_model_structural_tag("qwen_3", tools=tools, tool_choice=tool_choice, reasoning="disabled")
+        # xgrammar's "qwen_3" format is this one (the Hermes block); no reasoning section. At most
+        # one whitespace character between JSON tokens: a weak model may otherwise write spaces
+        # until max_tokens (the reason response formats default to compact JSON).
+        tag = xgr.get_model_structural_tag(
+            "qwen_3", tools=tools, tool_choice=tool_choice, reasoning="disabled", max_whitespace_cnt=1
+        )
+        if tool_choice == "required":  # calls only, one or more, one per line: no text around them
+            from xgrammar.structural_tag import TagsWithSeparatorFormat
+
+            tags = TagsWithSeparatorFormat(tags=tag.format.tags, separator="\n", at_least_one=True)
+            tag = xgr.StructuralTag(format=tags)
+        return tag
 
 
 def _call_from_json(body: str) -> ToolCall | None:
@@ -153,13 +176,13 @@ def _call_from_json(body: str) -> ToolCall | None:
 PARSERS: dict[str, type[ToolCallParser]] = {"hermes": HermesToolCallParser}
 
 
-def parser_for(tokenizer) -> ToolCallParser:
+def parser_for(tokenizer, tools: list[dict]) -> ToolCallParser:
     """The parser of the chat format this tokenizer's template renders tools in."""
     template = getattr(tokenizer, "chat_template", None) or ""
     if not isinstance(template, str) or "tools" not in template:
         raise InvalidRequestError("tools", "this model's chat template does not render tools")
     if "<tool_call>" in template:
-        return HermesToolCallParser()
+        return HermesToolCallParser([t["function"]["name"] for t in tools])
     raise InvalidRequestError(
         "tools", f"this model's chat template writes tool calls in a format without a parser (known: {sorted(PARSERS)})"
     )
