@@ -9,6 +9,7 @@ from .errors import (
     ModelLoadError,
     TokenRouterError,
 )
+from .llm import LLM
 from .outputs import RequestOutput, StreamDelta
 from .policies import Policy, RStitch, Single
 
@@ -19,6 +20,7 @@ __all__ = [
     "EngineNotRunningError",
     "EngineOptions",
     "InvalidRequestError",
+    "LLM",
     "ModelLoadError",
     "ModelSpec",
     "Policy",

@@ -7,7 +7,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -431,6 +431,54 @@ class Engine:
         """Run a request to its end. A failed request returns finish_reason 'error' with `error` set."""
         req = self._new_request(prompt, params, request_id)
         self._check_admissible(req)
+        return await self._run(req)
+
+    async def generate_batch(
+        self, prompts: Sequence[Prompt], params: SamplingParams | Sequence[SamplingParams] | None = None
+    ) -> list[RequestOutput]:
+        """Run every prompt at once, so the workers batch them; the outputs in prompt order.
+        `params` is one SamplingParams for all, or one per prompt. Every request is checked before
+        any is submitted: a bad one raises the error `generate` would, saying which request, and
+        none runs."""
+        if isinstance(prompts, (str, bytes, bytearray, memoryview)) or not isinstance(prompts, Sequence):
+            raise InvalidRequestError("prompts", f"must be a list of prompts, got {type(prompts).__name__}")
+        n = len(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            each = [params] * n
+        elif isinstance(params, Sequence) and not isinstance(params, str):
+            if len(params) != n:
+                raise InvalidRequestError(
+                    "params", f"{len(params)} SamplingParams for {n} prompts; give one for all, or one per prompt"
+                )
+            each = list(params)
+        else:
+            raise InvalidRequestError("params", f"must be SamplingParams or a list of them, got {type(params).__name__}")
+        reqs = []
+        for i, (prompt, p) in enumerate(zip(prompts, each)):
+            try:
+                req = self._new_request(prompt, p, None)
+                self._check_admissible(req)
+            except InvalidRequestError as e:
+                raise InvalidRequestError(e.field, f"{e.message} (request {i} of {n})") from e
+            reqs.append(req)
+        outs: list[RequestOutput | None] = [None] * n
+        errors: list[Exception] = []
+
+        async def one(i: int) -> None:
+            try:
+                outs[i] = await self._run(reqs[i])
+            except Exception as e:  # e.g. a worker died: raised as itself, not in an exception group
+                errors.append(e)
+                tg.cancel_scope.cancel()  # the others end with the call
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        if errors:
+            raise errors[0]
+        return outs  # type: ignore[return-value]
+
+    async def _run(self, req: Request) -> RequestOutput:
         proc = None
         async for _, proc in self._follow(req):
             pass
