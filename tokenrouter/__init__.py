@@ -10,6 +10,7 @@ from .errors import (
     TokenRouterError,
 )
 from .llm import LLM
+from .metrics import EngineMetrics
 from .outputs import RequestOutput, StreamDelta
 from .policies import Policy, RStitch, Single
 
@@ -17,6 +18,7 @@ __all__ = [
     "AutoBatchingOptions",
     "ConfigError",
     "Engine",
+    "EngineMetrics",
     "EngineNotRunningError",
     "EngineOptions",
     "InvalidRequestError",

@@ -29,6 +29,8 @@ from .engine.request_channel import RequestChannel
 from .engine.sequence import Request
 from .engine.worker_thread import WorkerThread
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
+from .metrics import EngineMetrics, ModelMetrics
+from .metrics.recorder import RequestMetrics
 from .outputs import RequestOutput, StreamDelta
 from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
@@ -199,6 +201,7 @@ class Engine:
         self._running = False
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
         self.profiles: dict[str, LatencyProfile] = {}
+        self._request_metrics = RequestMetrics(list(self.specs))  # what metrics() reports of ended requests
         self._auto: AutoBatching | None = None  # delayed_batching="auto": autobatch/controller.py
         if self.auto_batching:
             self._auto = AutoBatching(
@@ -389,10 +392,11 @@ class Engine:
         if self._auto is not None:
             self._auto.count_inflight()
         proc = OutputProcessor(self.loaded[self.policy.entry_model].tokenizer, req)
-        aborted = False
+        aborted = submitted = False
         try:
             if not self.workers[self.policy.entry_model].submit(req):
                 raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
+            submitted = True
             while not proc.worker_done:
                 for ev in await channel.get():
                     try:
@@ -414,6 +418,8 @@ class Engine:
             self._requests.pop(req.request_id, None)
             if self._auto is not None:
                 self._auto.count_inflight()
+            if submitted:  # its life ends here, exactly once; not yet ended means abort
+                self._request_metrics.record(proc.output())
 
     def _resubmit(self, msg, req: Request, proc: OutputProcessor) -> None:
         """Send a handed-off request to its next model as a new request with the whole sequence."""
@@ -518,6 +524,13 @@ class Engine:
                 workers[name] = worker.error or "stopped"
         healthy = self._running and all(v == "ok" for v in workers.values())
         return EngineHealth(healthy=healthy, running=self._running, workers=workers)
+
+    def metrics(self) -> EngineMetrics:
+        """A snapshot for dashboards (docs/sdk.md): requests ended since the engine was made, by
+        finish reason, with time-to-first-token and latency histograms, tokens per model and
+        hand-offs; and each running worker's KV blocks and queues. Any thread may call it."""
+        models = {name: ModelMetrics.from_stats(w.stats()) for name, w in list(self.workers.items())}
+        return self._request_metrics.snapshot(models)
 
     def stats(self) -> dict[str, ModelStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings, B in force and,

@@ -24,6 +24,7 @@ from anyio.from_thread import start_blocking_portal
 from .api import Engine
 from .config import ModelSpec, SamplingParams
 from .errors import EngineNotRunningError, InvalidRequestError
+from .metrics import EngineMetrics
 from .outputs import RequestOutput, StreamDelta
 from .policies import Policy
 from .prompts import Prompt
@@ -117,6 +118,10 @@ class LLM:
     def abort(self, request_id: str) -> None:
         """End a request early (a stream read in another thread): it ends with 'abort'."""
         self._loop.call(self.engine.abort, request_id)
+
+    def metrics(self) -> EngineMetrics:
+        """`Engine.metrics()`: requests ended, latencies, tokens per model, KV and queues."""
+        return self.engine.metrics()
 
 
 def _is_conversation(x) -> bool:
