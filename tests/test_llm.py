@@ -187,7 +187,7 @@ def test_bad_input_raises_the_engines_error_and_reaches_no_worker(llm, method, a
 
 
 def _llm_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if t.name.startswith(("tokenrouter-llm", "tokenrouter-worker-"))}
+    return {t.name for t in threading.enumerate() if t.name == "tokenrouter-llm" or t.name.startswith("tokenrouter-worker-")}
 
 
 def test_bad_arguments_raise_at_construction_and_leave_no_thread(tmp_path, tiny_model):

@@ -6,9 +6,9 @@ loop, so the same calls work from a plain script and from inside a running async
 (a Jupyter cell), where they block that loop as any blocking call does.
 
 A process that forgets `close()` still exits: when the main thread ends, a watcher thread closes
-every LLM left open (the engine's threads would otherwise be frozen mid-call at interpreter
-shutdown, and the portal's cleanup would wait on them forever). An LLM that is garbage-collected
-open is closed in the background.
+every LLM left open. Otherwise the engine's threads are frozen mid-call at interpreter shutdown,
+and the process hangs in the portal's cleanup or aborts in torch's. An LLM that is
+garbage-collected while open is closed in the background.
 """
 
 from __future__ import annotations
@@ -180,7 +180,7 @@ class _EngineLoop:
     def close_soon(self) -> None:
         """Close from a thread of its own: a garbage collection may run in the engine's loop thread."""
         if not self.closed:
-            threading.Thread(target=self.close, name="tokenrouter-llm-close", daemon=False).start()
+            threading.Thread(target=self.close, name="tokenrouter-close", daemon=False).start()
 
 
 _OPEN: set[_EngineLoop] = set()
@@ -193,7 +193,7 @@ def _watch_exit(loop: _EngineLoop) -> None:
         _OPEN.add(loop)
         if not _WATCHER:
             # Not a daemon: the interpreter waits for it, and it closes what is open first.
-            _WATCHER.append(threading.Thread(target=_close_at_exit, name="tokenrouter-llm-exit", daemon=False))
+            _WATCHER.append(threading.Thread(target=_close_at_exit, name="tokenrouter-exit-watcher", daemon=False))
             _WATCHER[0].start()
 
 
