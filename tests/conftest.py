@@ -10,6 +10,10 @@ torch.set_num_threads(1)
 
 from tokenrouter.testing import build_tiny_model, build_tokenizer  # noqa: E402
 
+# The fixtures an application's tests get (tokenrouter_engine, ...); tests/test_pytest_plugin.py
+# is the example that uses them.
+pytest_plugins = ["tokenrouter.pytest_plugin"]
+
 ARCHS = ["llama", "qwen2", "qwen3"]
 
 

@@ -1,7 +1,7 @@
 """tokenrouter: token-level routing between language models, served in-process."""
 
 from .api import Engine
-from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
+from .config import AutoBatchingOptions, EngineOptions, Grammar, JsonSchema, ModelSpec, Regex, SamplingParams
 from .errors import (
     ConfigError,
     EngineNotRunningError,
@@ -9,25 +9,33 @@ from .errors import (
     ModelLoadError,
     TokenRouterError,
 )
-from .outputs import RequestOutput, StreamDelta
+from .llm import LLM
+from .metrics import EngineMetrics
+from .outputs import RequestOutput, StreamDelta, ToolCall
 from .policies import Policy, RStitch, Single
 
 __all__ = [
     "AutoBatchingOptions",
     "ConfigError",
     "Engine",
+    "EngineMetrics",
     "EngineNotRunningError",
     "EngineOptions",
+    "Grammar",
     "InvalidRequestError",
+    "JsonSchema",
+    "LLM",
     "ModelLoadError",
     "ModelSpec",
     "Policy",
     "RStitch",
+    "Regex",
     "RequestOutput",
     "SamplingParams",
     "Single",
     "StreamDelta",
     "TokenRouterError",
+    "ToolCall",
 ]
 
 __version__ = "0.1.0"

@@ -8,7 +8,7 @@ import random
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -30,6 +30,8 @@ from .engine.request_channel import RequestChannel
 from .engine.sequence import Request
 from .engine.worker_thread import WorkerThread
 from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
+from .metrics import EngineMetrics, ModelMetrics
+from .metrics.recorder import RequestMetrics
 from .outputs import RequestOutput, StreamDelta
 from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
@@ -204,6 +206,7 @@ class Engine:
         self._running = False
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
         self.profiles: dict[str, LatencyProfile] = {}
+        self._request_metrics = RequestMetrics(list(self.specs))  # what metrics() reports of ended requests
         self._auto: AutoBatching | None = None  # delayed_batching="auto": autobatch/controller.py
         if self.auto_batching:
             self._auto = AutoBatching(
@@ -440,14 +443,17 @@ class Engine:
         if self._auto is not None:
             self._auto.count_inflight()
         aborted: set[str] = set()
+        submitted: list[OutputProcessor] = []
         later = reqs[1:]
         try:
             self._submit(reqs[0])
+            submitted.append(procs[reqs[0].request_id][1])
             while not all(p.worker_done for _, p in procs.values()):
                 events = await channel.get()
                 if later:  # the first sample's first report: its prompt is in the entry model's cache
                     for req in later:
                         self._submit(req)
+                        submitted.append(procs[req.request_id][1])
                     later = []
                 for ev in events:
                     i, proc = procs[ev.request_id]
@@ -476,6 +482,8 @@ class Engine:
             self._families.pop(reqs[0].request_id, None)
             if self._auto is not None:
                 self._auto.count_inflight()
+            for proc in submitted:  # each sample's life ends here, exactly once; not yet ended means abort
+                self._request_metrics.record(proc.output())
 
     def _submit(self, req: Request) -> None:
         if not self.workers[self.policy.entry_model].submit(req):
@@ -509,6 +517,58 @@ class Engine:
         to calls whose arguments follow the tools' schemas. With `params.n > 1`, the output is
         the first sample's and `completions` holds every sample."""
         reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice)
+        return await self._run(reqs, parser)
+
+    async def generate_batch(
+        self,
+        prompts: Sequence[Prompt],
+        params: SamplingParams | Sequence[SamplingParams] | None = None,
+        *,
+        tools: list[dict] | None = None,
+        tool_choice: ToolChoice = "auto",
+    ) -> list[RequestOutput]:
+        """Run every prompt at once, so the workers batch them; the outputs in prompt order.
+        `params` is one SamplingParams for all, or one per prompt; `tools` as for `generate`, for
+        every prompt. Every request is checked before any is submitted: a bad one raises the error
+        `generate` would, saying which request, and none runs."""
+        if isinstance(prompts, (str, bytes, bytearray, memoryview)) or not isinstance(prompts, Sequence):
+            raise InvalidRequestError("prompts", f"must be a list of prompts, got {type(prompts).__name__}")
+        n = len(prompts)
+        if params is None or isinstance(params, SamplingParams):
+            each = [params] * n
+        elif isinstance(params, Sequence) and not isinstance(params, str):
+            if len(params) != n:
+                raise InvalidRequestError(
+                    "params", f"{len(params)} SamplingParams for {n} prompts; give one for all, or one per prompt"
+                )
+            each = list(params)
+        else:
+            raise InvalidRequestError("params", f"must be SamplingParams or a list of them, got {type(params).__name__}")
+        prepared = []
+        for i, (prompt, p) in enumerate(zip(prompts, each)):
+            try:
+                prepared.append(await self._prepare(prompt, p, None, tools, tool_choice))
+            except InvalidRequestError as e:
+                raise InvalidRequestError(e.field, f"{e.message} (request {i} of {n})") from e
+        outs: list[RequestOutput | None] = [None] * n
+        errors: list[Exception] = []
+
+        async def one(i: int) -> None:
+            try:
+                outs[i] = await self._run(*prepared[i])
+            except Exception as e:  # e.g. a worker died: raised as itself, not in an exception group
+                errors.append(e)
+                tg.cancel_scope.cancel()  # the others end with the call
+
+        async with anyio.create_task_group() as tg:
+            for i in range(n):
+                tg.start_soon(one, i)
+        if errors:
+            raise errors[0]
+        return outs  # type: ignore[return-value]
+
+    async def _run(self, reqs: list[Request], parser: ToolCallParser | None) -> RequestOutput:
+        """A request (its samples) to its end: the first sample's output, with every sample's."""
         procs: dict[int, OutputProcessor] = {}
         async for i, _, proc in self._follow(reqs, parser):
             procs[i] = proc
@@ -578,6 +638,13 @@ class Engine:
                 workers[name] = worker.error or "stopped"
         healthy = self._running and all(v == "ok" for v in workers.values())
         return EngineHealth(healthy=healthy, running=self._running, workers=workers)
+
+    def metrics(self) -> EngineMetrics:
+        """A snapshot for dashboards (docs/sdk.md): requests ended since the engine was made, by
+        finish reason, with time-to-first-token and latency histograms, tokens per model and
+        hand-offs; and each running worker's KV blocks and queues. Any thread may call it."""
+        models = {name: ModelMetrics.from_stats(w.stats()) for name, w in list(self.workers.items())}
+        return self._request_metrics.snapshot(models)
 
     def stats(self) -> dict[str, ModelStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings, B in force and,
