@@ -19,7 +19,7 @@ from .config import SamplingParams
 from .policies.base import Policy
 
 # ChatML, and tools in the Hermes format Qwen2.5's template uses (a system block listing them, calls
-# in <tool_call> blocks, results in <tool_response> blocks), so the tiny models run tool calls too.
+# in <tool_call> blocks; results are plain "tool" messages), so the tiny models run tool calls too.
 CHATML_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n"
     "{% if messages[0]['role'] == 'system' %}{{ messages[0]['content'] }}\n\n{% endif %}"
@@ -35,7 +35,6 @@ CHATML_TEMPLATE = (
     "{% for c in m['tool_calls'] %}<tool_call>\n"
     '{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
     "\n</tool_call>{% endfor %}<|im_end|>\n"
-    "{% elif m['role'] == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m['content'] }}\n</tool_response><|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
