@@ -269,6 +269,7 @@ def test_calculator_evaluates_arithmetic_only():
 
 # ---- the demo pair end to end ---------------------------------------------------------------
 @pytest.mark.real_model
+@pytest.mark.slow  # loads the 1.5B and 0.5B models (~12 GB, a minute here): run with -m slow
 @pytest.mark.skipif(
     not all(store.is_pulled(m) for m in store.GROUPS["demo"]),
     reason=f"the demo pair is not in the store ({store.home_dir()}); run `{store.pull_command('demo')}`",

@@ -28,13 +28,15 @@ class GrammarState:
         self.matcher = xgr.GrammarMatcher(compiled, max_rollback_tokens=max_rollback)
         self.max_rollback = max_rollback
         self.start = self.position = prompt_len
-        self.invalid = False  # a token the grammar does not allow was accepted (never, with masks on)
+        self.invalid = False  # a token was refused (or came after the end): the matcher lags `position`
 
     def advance(self, token_ids: Sequence[int], end: int | None = None) -> None:
-        """Accept token_ids[position:end]: what this worker wrote, or a catch-up a peer wrote."""
+        """Accept token_ids[position:end]: what this worker wrote, or a catch-up a peer wrote. A
+        token the grammar refuses (a verifier's check runs over drafts it may reject) leaves the
+        matcher where it was; the next rollback then rebuilds it from the tokens."""
         end = len(token_ids) if end is None else end
         for token in token_ids[self.position : end]:
-            if not self.matcher.is_terminated() and not self.matcher.accept_token(int(token)):
+            if self.invalid or self.matcher.is_terminated() or not self.matcher.accept_token(int(token)):
                 self.invalid = True
         self.position = max(self.position, end)
 
@@ -57,23 +59,13 @@ class GrammarState:
         if not self.matcher.is_terminated():
             self.matcher.fill_next_token_bitmask(bitmask, index=row)
 
-    def fill_span(self, drafts: Sequence[int], bitmask: torch.Tensor, row: int) -> None:
-        """Masks at each position of a verifier's check, into rows row..row+len(drafts): before
-        each draft, then after the last. Rows past a draft the grammar refuses repeat its mask
-        (the verifier rejects that draft, so what follows it is never used). The matcher ends
-        where it started."""
-        accepted, last = 0, row + len(drafts)
-        for j in range(len(drafts) + 1):
-            if self.matcher.is_terminated():  # the draft before was the stop token: the request ends there
-                bitmask[row + j : last + 1] = bitmask[row + j - 1]
-                break
-            self.matcher.fill_next_token_bitmask(bitmask, index=row + j)
-            if j == len(drafts) or not self.matcher.accept_token(int(drafts[j])):
-                bitmask[row + j + 1 : last + 1] = bitmask[row + j]
-                break
-            accepted += 1
-        if accepted:
-            self.matcher.rollback(accepted)
+    def seek(self, n: int, token_ids: Sequence[int]) -> None:
+        """Stand after the first n tokens: back (a rollback, or a verifier's check starting from
+        its first draft) or forward over what this worker has not accepted yet."""
+        if n < self.position:
+            self.truncate(n, token_ids)
+        else:
+            self.advance(token_ids, n)
 
 
 def allocate(rows: int, vocab_size: int) -> torch.Tensor:
