@@ -22,6 +22,7 @@ class SamplingParams(BaseModel):
     """How to sample one request. Defaults follow vLLM's except `max_tokens` (256, not 16).
 
     `temperature=0` is greedy decoding; `top_k=0`, `top_p=1` and `min_p=0` disable those filters.
+    Penalties apply first, then temperature and the filters (docs/sampling.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -41,6 +42,34 @@ class SamplingParams(BaseModel):
     ignore_eos: bool = Field(False, strict=True, description="Keep generating past the model's EOS tokens.")
     include_stop_str_in_output: bool = Field(False, strict=True)
     skip_special_tokens: bool = Field(True, strict=True)
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        strict=True,
+        description="Over prompt and output tokens: a positive logit is divided by it, another multiplied "
+        "(transformers' RepetitionPenaltyLogitsProcessor); 1 disables.",
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, strict=True, description="Subtracted once from each output token."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, strict=True, description="Subtracted per occurrence in the output."
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        strict=True,
+        description="Each output token's logprob and its N most likely alternatives; 0: just the token's; None: off.",
+    )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        strict=True,
+        description="Each prompt token's logprob under the entry model, and N alternatives (no prefix-cache hits).",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -71,6 +100,11 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the three penalties changes the logits."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class ModelSpec(BaseModel):
