@@ -9,7 +9,7 @@ from .errors import (
     ModelLoadError,
     TokenRouterError,
 )
-from .outputs import RequestOutput, StreamDelta
+from .outputs import RequestOutput, StreamDelta, TokenLogprob
 from .policies import Policy, RStitch, Single
 
 __all__ = [
@@ -27,6 +27,7 @@ __all__ = [
     "SamplingParams",
     "Single",
     "StreamDelta",
+    "TokenLogprob",
     "TokenRouterError",
 ]
 
