@@ -112,8 +112,8 @@ MUTATIONS = [
         "ends-twice",
         "every request ends exactly once",
         "tokenrouter/engine/model_core.py",
-        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n",
-        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n"
+        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n",
+        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n"
         "        out.events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
         ("tests/test_load.py",),
     ),
@@ -261,6 +261,30 @@ MUTATIONS = [
         "            if self.ref_counts[last] > 1 or self.block_keys[last] is not None:\n",
         "            if self.ref_counts[last] > 1:\n",
         ("tests/test_verifying.py", "-k", "never_changes_a_cached_block"),
+    ),
+    Mutation(
+        "check-rows-unpenalized",
+        "a verifier's rows of a check are penalized with the tokens before each, so Speculative is lossless under penalties",
+        "tokenrouter/engine/model_core.py",
+        "        spans = self._process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
+        "        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]\n",
+        ("tests/test_verifying.py", "-k", "penalized_large_model and 2"),
+    ),
+    Mutation(
+        "prompt-logprobs-take-cache-hits",
+        "a request asking prompt_logprobs computes every prompt position, a cached prefix or not",
+        "tokenrouter/engine/sequence.py",
+        "        if self.needs_prompt_logits:\n            return min(self.first_logit_position, len(self.prompt_logprobs))\n",
+        "",
+        ("tests/test_logprobs.py", "-k", "prompt_logprobs"),
+    ),
+    Mutation(
+        "repetition-penalty-skips-the-prompt",
+        "repetition_penalty counts prompt and output tokens, as transformers' processor does",
+        "tokenrouter/engine/penalties.py",
+        "    in_context.scatter_(1, torch.where(seen, tokens, vocab), True)\n",
+        "    in_context.scatter_(1, torch.where(output, tokens, vocab), True)\n",
+        ("tests/test_penalties.py", "-k", "row_by_row"),
     ),
     Mutation(
         "hidden-state-off",
