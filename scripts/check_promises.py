@@ -112,8 +112,8 @@ MUTATIONS = [
         "ends-twice",
         "every request ends exactly once",
         "tokenrouter/engine/model_core.py",
-        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n",
-        "        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))\n"
+        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n",
+        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n"
         "        out.events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
         ("tests/test_load.py",),
     ),
@@ -263,6 +263,30 @@ MUTATIONS = [
         ("tests/test_verifying.py", "-k", "never_changes_a_cached_block"),
     ),
     Mutation(
+        "check-rows-unpenalized",
+        "a verifier's rows of a check are penalized with the tokens before each, so Speculative is lossless under penalties",
+        "tokenrouter/engine/model_core.py",
+        "        spans = self._process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
+        "        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]\n",
+        ("tests/test_verifying.py", "-k", "penalized_large_model and 2"),
+    ),
+    Mutation(
+        "prompt-logprobs-take-cache-hits",
+        "a request asking prompt_logprobs computes every prompt position, a cached prefix or not",
+        "tokenrouter/engine/sequence.py",
+        "        if self.needs_prompt_logits:\n            return min(self.first_logit_position, len(self.prompt_logprobs))\n",
+        "",
+        ("tests/test_logprobs.py", "-k", "prompt_logprobs"),
+    ),
+    Mutation(
+        "repetition-penalty-skips-the-prompt",
+        "repetition_penalty counts prompt and output tokens, as transformers' processor does",
+        "tokenrouter/engine/penalties.py",
+        "    in_context.scatter_(1, torch.where(seen, tokens, vocab), True)\n",
+        "    in_context.scatter_(1, torch.where(output, tokens, vocab), True)\n",
+        ("tests/test_penalties.py", "-k", "row_by_row"),
+    ),
+    Mutation(
         "hidden-state-off",
         "the hidden state a policy sees is transformers' last hidden state",
         "tokenrouter/engine/model_runner.py",
@@ -274,8 +298,8 @@ MUTATIONS = [
         "one-worker-skips-the-grammar",
         "a constrained request's output follows its grammar whichever model writes",
         "tokenrouter/engine/model_core.py",
-        "        rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]\n",
-        "        rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None and self.name != \"large\"]\n",
+        "        constrained = [r for r in rows if seqs[r].req.grammar is not None]\n",
+        "        constrained = [r for r in rows if seqs[r].req.grammar is not None and self.name != \"large\"]\n",
         ("tests/test_structured_output.py", "-k", "always_validates"),
     ),
 ]

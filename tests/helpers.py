@@ -4,19 +4,38 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from functools import lru_cache
 
 import anyio
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, LogitsProcessor
 
 from tokenrouter.bench.harness import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
 
 
 @lru_cache(maxsize=8)
-def hf_model(path, dtype=torch.float64):
-    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation="eager").eval()
+def hf_model(path, dtype=torch.float64, attention="eager"):
+    """A plain transformers model. Its eager attention takes the softmax in float32 whatever the
+    dtype; attention="sdpa" keeps a float64 model float64 throughout (for values, not tokens)."""
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype, attn_implementation=attention).eval()
+
+
+class VllmPenalties(LogitsProcessor):
+    """vLLM's documented presence/frequency formula the obvious way, as a transformers logits
+    processor: over the tokens generated so far, `logit -= frequency_penalty * count +
+    presence_penalty * (count > 0)`."""
+
+    def __init__(self, num_prompt: int, presence: float, frequency: float):
+        self.num_prompt, self.presence, self.frequency = num_prompt, presence, frequency
+
+    def __call__(self, input_ids, scores):
+        scores = scores.clone()
+        for row, ids in enumerate(input_ids.tolist()):
+            for token, count in Counter(ids[self.num_prompt :]).items():
+                scores[row, token] -= self.frequency * count + self.presence * (count > 0)
+        return scores
 
 
 def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.float64, eos=None) -> list[int]:
@@ -33,6 +52,42 @@ def hf_greedy(path, prompt_ids: list[int], max_new_tokens: int, dtype=torch.floa
             pad_token_id=0,
         )
     return out[0, len(prompt_ids) :].tolist()
+
+
+def hf_greedy_penalized(path, prompt_ids: list[int], max_new_tokens: int, params, attention="eager") -> list[int]:
+    """`hf_greedy` under a request's penalties: generate's own repetition_penalty, then vLLM's
+    presence/frequency formula as a logits processor (transformers runs its own first)."""
+    from transformers import LogitsProcessorList
+
+    model = hf_model(path, torch.float64, attention)
+    extra = []
+    if params.presence_penalty or params.frequency_penalty:
+        extra.append(VllmPenalties(len(prompt_ids), params.presence_penalty, params.frequency_penalty))
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
+            pad_token_id=0, repetition_penalty=params.repetition_penalty, logits_processor=LogitsProcessorList(extra),
+        )  # fmt: skip
+    return out[0, len(prompt_ids) :].tolist()
+
+
+def penalized_logits(path, ids: list[int], num_prompt: int, params) -> torch.Tensor:
+    """Row i: a plain float64 forward's next-token logits after ids[: num_prompt + i], under the
+    request's penalties (transformers' repetition processor, then vLLM's formula); one row per
+    output position of `ids` and one for the position after it."""
+    from transformers import RepetitionPenaltyLogitsProcessor
+
+    with torch.no_grad():
+        logits = hf_model(path, torch.float64, "sdpa")(torch.tensor([ids])).logits[0]
+    rows = []
+    for i in range(num_prompt - 1, len(ids)):
+        context, row = torch.tensor([ids[: i + 1]]), logits[i : i + 1].clone()
+        if params.repetition_penalty != 1.0:
+            row = RepetitionPenaltyLogitsProcessor(params.repetition_penalty)(context, row)
+        row = VllmPenalties(num_prompt, params.presence_penalty, params.frequency_penalty)(context, row)
+        rows.append(row[0])
+    return torch.stack(rows)
 
 
 async def generate_all(engine, prompts, params) -> list:

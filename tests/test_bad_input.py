@@ -69,8 +69,8 @@ def _check_validation_error(e: pydantic.ValidationError, field: str, fragment: s
 
 
 # ---- SamplingParams ----------------------------------------------------------------------------
-SP_INT = ["max_tokens", "top_k", "seed", "n"]
-SP_FLOAT = ["temperature", "top_p", "min_p"]
+SP_INT = ["max_tokens", "top_k", "seed", "n", "logprobs", "prompt_logprobs"]
+SP_FLOAT = ["temperature", "top_p", "min_p", "repetition_penalty", "presence_penalty", "frequency_penalty"]
 SP_BOOL = ["ignore_eos", "include_stop_str_in_output", "skip_special_tokens"]
 SP_LIST = ["stop", "stop_token_ids"]
 SP_OTHER = ["response_format"]  # dict and model-class shapes: tests/test_structured_output.py
@@ -106,6 +106,21 @@ SP_ACCEPTED = [
     ("response_format", JsonSchema()),
     ("response_format", Regex(pattern="[ab]+")),
     ("response_format", Grammar(ebnf='root ::= "x"')),
+    ("repetition_penalty", 1),
+    ("repetition_penalty", 1e-9),
+    ("repetition_penalty", 0.5),
+    ("repetition_penalty", 1e6),
+    ("presence_penalty", -2),
+    ("presence_penalty", 2.0),
+    ("presence_penalty", 0.0),
+    ("frequency_penalty", -2.0),
+    ("frequency_penalty", 2),
+    ("logprobs", None),
+    ("logprobs", 0),
+    ("logprobs", 20),
+    ("prompt_logprobs", None),
+    ("prompt_logprobs", 0),
+    ("prompt_logprobs", 20),
 ]
 
 SP_REJECTED = (
@@ -126,6 +141,19 @@ SP_REJECTED = (
         ("seed", -1, "greater than or equal to 0"),
         ("seed", 2**63, "less than 9223372036854775808"),
         ("seed", 2**64, "less than 9223372036854775808"),
+        ("repetition_penalty", 0, "greater than 0"),
+        ("repetition_penalty", -1.0, "greater than 0"),
+        ("repetition_penalty", -1e-300, "greater than 0"),
+        ("presence_penalty", -2.001, "greater than or equal to -2"),
+        ("presence_penalty", 2.001, "less than or equal to 2"),
+        ("presence_penalty", 1e308, "less than or equal to 2"),
+        ("frequency_penalty", -3, "greater than or equal to -2"),
+        ("frequency_penalty", 2.5, "less than or equal to 2"),
+        ("logprobs", -1, "greater than or equal to 0"),
+        ("logprobs", 21, "less than or equal to 20"),
+        ("logprobs", 10**6, "less than or equal to 20"),
+        ("prompt_logprobs", -1, "greater than or equal to 0"),
+        ("prompt_logprobs", 21, "less than or equal to 20"),
         # stop strings
         ("stop", "", "non-empty"),
         ("stop", ["ok", ""], "non-empty"),
@@ -158,7 +186,7 @@ SP_REJECTED = (
         ("maxtokens", 16, "Extra inputs are not permitted"),
     ]
     + [(f, v, "valid integer") for f in SP_INT for v in (True, False, "3", 3.0, [3], 1e3)]
-    + [(f, None, "valid integer") for f in SP_INT if f != "seed"]
+    + [(f, None, "valid integer") for f in SP_INT if f not in ("seed", "logprobs", "prompt_logprobs")]
     + [(f, v, "finite number") for f in SP_FLOAT for v in (NAN, INF, -INF)]
     + [(f, v, "valid number") for f in SP_FLOAT for v in (True, False, "0.5", [0.5], None)]
     + [(f, v, "valid boolean") for f in SP_BOOL for v in (1, 0, "yes", "true", None, [True])]

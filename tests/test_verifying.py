@@ -13,7 +13,7 @@ import torch
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import BiLD, Speculative
 
-from .helpers import generate_all, hf_greedy, holds_nothing, wait_all_free
+from .helpers import generate_all, hf_greedy, hf_greedy_penalized, holds_nothing, penalized_logits, wait_all_free
 
 K_VALUES = [1, 2, 4, 8, "auto"]
 
@@ -423,3 +423,102 @@ def test_auto_draft_length_follows_acceptance_and_cost_and_retries():
         steps += 1
         assert steps < 500, "never drafts again"
     assert steps > 10  # not at once: the rejections still count for a while
+
+
+PENALTY_KINDS = [
+    dict(repetition_penalty=1.5),
+    dict(presence_penalty=0.6, frequency_penalty=0.4),
+    dict(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=0.7),
+]
+
+
+@pytest.mark.parametrize("k", [2, 4])
+def test_greedy_speculative_with_penalties_is_the_penalized_large_model(drafting_pair, tokenizer, k):
+    """Penalties under a verifying policy: the verifier's rows of a check are penalized with the
+    tokens before each position, so greedy Speculative gives Hugging Face generate's tokens on
+    the large model with the same penalties. Each token's logprob is its writer's (an accepted
+    draft the small model's, a correction the large one's), equal to that model's own penalized
+    log-softmax there; rolled-back drafts' records are gone with them."""
+    work = _workload(tokenizer, n=12, seed=17)
+    params = [
+        SamplingParams(temperature=0, max_tokens=n, ignore_eos=True, logprobs=2, **PENALTY_KINDS[i % 3])
+        for i, (_, n) in enumerate(work)
+    ]
+
+    async def main():
+        async with Engine(models=_specs(drafting_pair), policy=Speculative(k=k)) as e:
+            outs = await generate_all(e, [p for p, _ in work], params)
+            await wait_all_free(e)
+            assert holds_nothing(e)
+            return outs
+
+    outs = anyio.run(main)
+    for (prompt, n), sp, out in zip(work, params, outs):
+        assert out.token_ids == hf_greedy_penalized(drafting_pair["large"], prompt, n, sp), (prompt, sp)
+        assert [r.model for r in out.logprobs] == out.token_models
+        ids = prompt + out.token_ids
+        rows = {m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair}
+        for i, (record, token, model) in enumerate(zip(out.logprobs, out.token_ids, out.token_models)):
+            assert record.token_id == token
+            assert abs(record.logprob - float(rows[model][i, token])) < 1e-9, (prompt, i, model)
+            assert [t for t, _ in record.top] == rows[model][i].topk(2).indices.tolist()
+    written = [m for o in outs for m in o.token_models]
+    assert "small" in written and "large" in written
+    plain = [hf_greedy(drafting_pair["large"], p, n) for p, n in work]
+    assert plain != [o.token_ids for o in outs]  # the penalties mattered
+
+
+class _Spy(Speculative):
+    """Speculative that keeps what every `verify` was shown."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        self.seen = []
+
+    def verify(self, result):
+        for i, rid in enumerate(result.request_ids):
+            n = int(result.num_drafts[i])
+            self.seen.append((rid, int(result.start[i]), result.drafts[i, :n].tolist(), result.logits[i, : n + 1].clone()))
+        return super().verify(result)
+
+
+def test_sampled_speculative_verifies_against_the_penalized_target(drafting_pair, tokenizer):
+    """Sampled, with penalties: every check's distributions, those speculative sampling accepts
+    and redraws from, are the large model's own penalized logits at each position, counting the
+    confirmed tokens and the drafts before it (so the output is distributed as the penalized
+    target's). Each token's logprob is its writer's sampled distribution there: for a correction
+    the target's p, also where it was redrawn from max(0, p - q)."""
+    work = _workload(tokenizer, n=8, seed=19)
+    params = [
+        SamplingParams(temperature=1.0, max_tokens=n, ignore_eos=True, seed=i, logprobs=1, **PENALTY_KINDS[i % 3])
+        for i, (_, n) in enumerate(work)
+    ]
+    spy = _Spy(k=3)
+
+    async def main():
+        async with Engine(models=_specs(drafting_pair), policy=spy) as e:
+            outs = []
+            for i, ((prompt, _), sp) in enumerate(zip(work, params)):
+                outs.append(await e.generate(prompt, sp, request_id=f"r{i}"))
+            await wait_all_free(e)
+            return outs
+
+    outs = anyio.run(main)
+    assert len(spy.seen) > len(work)
+    rejected = 0
+    for rid, start, drafts, logits in spy.seen:
+        i = int(rid[1:])
+        (prompt, _), sp, out = work[i], params[i], outs[i]
+        confirmed = (prompt + out.token_ids)[:start]
+        expected = penalized_logits(drafting_pair["large"], confirmed + drafts, len(prompt), sp)[start - len(prompt) :]
+        assert expected.shape == logits.shape
+        torch.testing.assert_close(logits, expected, rtol=0, atol=1e-9)
+        final = (prompt + out.token_ids)[start : start + len(drafts)]  # shorter if the request ended in them
+        rejected += final != drafts[: len(final)]
+    assert rejected > 0  # some checks rolled drafts back
+    for (prompt, _), sp, out in zip(work, params, outs):
+        ids = prompt + out.token_ids
+        rows = {m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair}
+        for i, (record, token, model) in enumerate(zip(out.logprobs, out.token_ids, out.token_models)):
+            assert (record.token_id, record.model) == (token, model)
+            assert abs(record.logprob - float(rows[model][i, token])) < 1e-9

@@ -11,7 +11,7 @@ from .errors import (
 )
 from .llm import LLM
 from .metrics import EngineMetrics
-from .outputs import RequestOutput, StreamDelta, ToolCall
+from .outputs import RequestOutput, StreamDelta, TokenLogprob, ToolCall
 from .policies import Policy, RStitch, Single
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "SamplingParams",
     "Single",
     "StreamDelta",
+    "TokenLogprob",
     "TokenRouterError",
     "ToolCall",
 ]

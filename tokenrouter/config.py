@@ -77,6 +77,7 @@ class SamplingParams(BaseModel):
     """How to sample one request. Defaults follow vLLM's except `max_tokens` (256, not 16).
 
     `temperature=0` is greedy decoding; `top_k=0`, `top_p=1` and `min_p=0` disable those filters.
+    Penalties apply first, then temperature and the filters (docs/sampling.md).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -111,6 +112,34 @@ class SamplingParams(BaseModel):
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos: cannot be combined with response_format (a finished grammar allows only EOS)")
         return self
+    repetition_penalty: float = Field(
+        1.0,
+        gt=0.0,
+        allow_inf_nan=False,
+        strict=True,
+        description="Over prompt and output tokens: a positive logit is divided by it, another multiplied "
+        "(transformers' RepetitionPenaltyLogitsProcessor); 1 disables.",
+    )
+    presence_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, strict=True, description="Subtracted once from each output token."
+    )
+    frequency_penalty: float = Field(
+        0.0, ge=-2.0, le=2.0, allow_inf_nan=False, strict=True, description="Subtracted per occurrence in the output."
+    )
+    logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        strict=True,
+        description="Each output token's logprob and its N most likely alternatives; 0: just the token's; None: off.",
+    )
+    prompt_logprobs: int | None = Field(
+        None,
+        ge=0,
+        le=20,
+        strict=True,
+        description="Each prompt token's logprob under the entry model, and N alternatives (no prefix-cache hits).",
+    )
 
     @field_validator("stop", mode="before")
     @classmethod
@@ -141,6 +170,11 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def penalized(self) -> bool:
+        """Whether any of the three penalties changes the logits."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
 class ModelSpec(BaseModel):

@@ -22,12 +22,33 @@ class ToolCall:
 
 
 @dataclass
+class TokenLogprob:
+    """One token's log-probability under the model that wrote (or, for a prompt token, scored)
+    it, and that model's most likely alternatives there (docs/sampling.md says of which
+    distribution).
+
+    `top` holds up to N (token id, logprob) pairs, most likely first, N being the request's
+    `logprobs` (or `prompt_logprobs`); tokens the distribution excludes (-inf) are left out, so
+    it may hold fewer. The token itself is in it only if it is among them.
+    """
+
+    token_id: int
+    logprob: float
+    model: str
+    top: list[tuple[int, float]] = field(default_factory=list)
+
+
+@dataclass
 class RequestOutput:
     """The result of one request.
 
     `token_ids` are the generated tokens only; `token_models[i]` names the model that wrote
     `token_ids[i]`. `tokens_processed` counts, per model, the tokens its forward passes took in
     for this request (prompt, catch-ups and recomputation). Times are in seconds from submission.
+
+    With `SamplingParams(logprobs=N)`, `logprobs[i]` is `token_ids[i]`'s `TokenLogprob` under its
+    writer; with `prompt_logprobs=N`, `prompt_logprobs[j]` is prompt token j's under the entry
+    model (`prompt_logprobs[0]` is None: nothing precedes it). Both are None when not asked.
     """
 
     request_id: str
@@ -42,6 +63,8 @@ class RequestOutput:
     tokens_processed: dict[str, int] = field(default_factory=dict)  # tokens each model's forwards took in
     time_to_first_token: float | None = None
     latency: float = 0.0
+    logprobs: list[TokenLogprob] | None = None
+    prompt_logprobs: list[TokenLogprob | None] | None = None
     # with tools: the calls parsed from `text`, and `content`, the text without them
     tool_calls: list[ToolCall] = field(default_factory=list)
     content: str | None = None
@@ -65,7 +88,8 @@ class RequestOutput:
 @dataclass
 class StreamDelta:
     """New output of a stream. The last delta has `finish_reason` set (its text may be empty) and
-    carries the whole `output`, with the routing record."""
+    carries the whole `output`, with the routing record. `logprobs` (when asked) holds one entry
+    per token of `token_ids`."""
 
     request_id: str
     text: str
@@ -75,3 +99,4 @@ class StreamDelta:
     error: str | None = None
     output: RequestOutput | None = None
     index: int = 0  # which sample of an n > 1 request
+    logprobs: list[TokenLogprob] | None = None

@@ -187,7 +187,9 @@ def reference_generate(
     Every step recomputes the whole sequence with a plain transformers forward on the model that
     owns the request: no KV cache, no batching, no threads. The policy's `route`, `send` and
     `receive` are applied exactly as the engine applies them, and sampling uses the engine's
-    sampler, so seeded sampling matches too. EOS comes from each model's generation_config.
+    sampler, so seeded sampling matches too. Penalties are applied to every position's logits
+    from the tokens before it (engine/penalties.py), before the policy sees them. EOS comes from
+    each model's generation_config.
 
     A verifying policy (VERIFY) runs as policies/base.py describes it: the drafters' tokens are
     tentative (a drafter hands the request to the verifier where it would end, or after
@@ -196,6 +198,7 @@ def reference_generate(
     next position.
     """
     from .engine.model_runner import HiddenCapture
+    from .engine.penalties import penalize_rows
     from .engine.sampler import Sampler, SamplingTensors
     from .engine.model_core import MAX_STALLS
     from .policies.base import (
@@ -228,6 +231,14 @@ def reference_generate(
             return row.argmax(dim=-1)
         return sampler(row, SamplingTensors.build([params], [seed], [generated], row.device))
 
+    def processed(rows: torch.Tensor, first: int) -> torch.Tensor:
+        """Row j predicts the position after the first `first + j` tokens."""
+        if not params.penalized:
+            return rows
+        lengths = [first + j for j in range(rows.shape[0])]
+        n = len(lengths)
+        return penalize_rows(rows, [tokens] * n, [len(prompt_ids)] * n, lengths, [params] * n)
+
     def ends_at(t: int, model) -> bool:
         return (t in _eos_of(model) and not params.ignore_eos) or t in params.stop_token_ids
 
@@ -237,7 +248,7 @@ def reference_generate(
             model = models[current]
             last[current] = len(tokens)
             if current == verifier and len(tokens) > confirmed:  # a check: judge the drafts first
-                span = model(torch.tensor([tokens])).logits[0, confirmed - 1 :]
+                span = processed(model(torch.tensor([tokens])).logits[0, confirmed - 1 :], confirmed)
                 drafts = tokens[confirmed:]
                 verdict = policy.verify(VerifyResult(
                     model=current, model_index=names.index(current), request_ids=["reference"], sources=[drafter],
@@ -259,7 +270,7 @@ def reference_generate(
                 token = torch.tensor([given]) if given >= 0 else sample(logits, len(tokens) - len(prompt_ids))
                 hidden = None
             else:
-                logits = model(torch.tensor([tokens])).logits[0, -1:]
+                logits = processed(model(torch.tensor([tokens])).logits[0, -1:], len(tokens))
                 hidden = captures[current].take()[0, -1:] if captures else None
                 token = sample(logits, len(tokens) - len(prompt_ids))
             generated = len(tokens) - len(prompt_ids)

@@ -59,13 +59,13 @@ class BlockManager:
 
     def prefix_hashes(self, seq: Sequence) -> tuple[list[int], int]:
         """The chained hashes of the sequence's full blocks before the first position whose
-        logits it needs (its last token, or a verifier's check), and how many of them lead off
-        cached (what `match_prefix` would attach)."""
+        logits it needs (its last token, a verifier's check, or a prompt still to be scored), and
+        how many of them lead off cached (what `match_prefix` would attach)."""
         if not self.prefix_caching:
             return [], 0
         tokens, bs = seq.token_ids, self.block_size
         hashes, cached, h = [], 0, 0
-        for i in range(seq.first_logit_position // bs):
+        for i in range(seq.cacheable_length // bs):
             chunk = tuple(tokens[i * bs : (i + 1) * bs])
             h = self._chain(h, chunk)
             hashes.append(h)

@@ -24,6 +24,8 @@ class WorkerEvent:
     resubmit: PeerMessage | None = None  # standard-serving baseline: the caller sends this on
     num_fed: int = 0  # tokens this worker processed for the request since its previous event
     num_cached_prompt: int = 0
+    logprobs: list | None = None  # one outputs.TokenLogprob per token of token_ids, when the request asks
+    prompt_logprobs: list | None = None  # the prompt's records (the first None), once, when asked
 
 
 Sink = Callable[[list[WorkerEvent]], None]

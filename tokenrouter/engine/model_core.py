@@ -7,6 +7,10 @@ pending copies the peers must drop. The thread delivers it.
 
 After each step the policy routes the batch; a request that moves is parked here as pending,
 with its KV blocks kept, and its hand-off carries the suffix the peer has not seen.
+
+Every per-request change to the logits (penalties; a grammar's mask belongs there too) happens in
+`_process_logits`, before the sampler, the policy's `route` and `verify`, and the logprobs read
+them (docs/sampling.md).
 """
 
 from __future__ import annotations
@@ -29,8 +33,10 @@ from .batch import ScheduledBatch
 from .block_manager import BlockManager
 from .events import WorkerEvent
 from .kv_cache import KVCache, KVLayout
+from .logprobs import token_logprobs
 from .model_loader import LoadedModel, load_model
 from .model_runner import ForwardOutput, ModelRunner
+from .penalties import penalize_rows
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
@@ -160,8 +166,11 @@ class ModelCore:
 
     # ---- what arrives ----------------------------------------------------------------------
     def add(self, req: Request) -> None:
-        """A new request from the caller."""
-        self._admit(Sequence(req, token_ids=list(req.prompt_ids), num_confirmed=len(req.prompt_ids)))
+        """A new request from the caller (this is its entry model: it scores the prompt, if asked)."""
+        seq = Sequence(req, token_ids=list(req.prompt_ids), num_confirmed=len(req.prompt_ids))
+        if req.params.prompt_logprobs is not None:
+            seq.prompt_logprobs = []
+        self._admit(seq)
 
     def receive(self, msg: PeerMessage, req: Request, out: Outbox, refuse: bool = False) -> None:
         """A request arrives from a peer: take the suffix, then catch up (or prefill if new here).
@@ -195,6 +204,9 @@ class ModelCore:
             self.policy.receive(msg, seq.policy_state)
             self.scheduler.resume(seq)
         seq.num_confirmed = max(seq.num_confirmed, min(msg.confirmed, len(seq.token_ids)))
+        if msg.logprobs or seq.draft_logprobs:  # the drafters' records of what is still tentative
+            merged = {**seq.draft_logprobs, **{p: r for p, r in msg.logprobs.items() if p >= held}}
+            seq.draft_logprobs = {p: r for p, r in merged.items() if p >= seq.num_confirmed}
         if self.verifies and len(seq.token_ids) > seq.num_confirmed:
             self._check(seq, msg.source)
         seq.peer_known[msg.source] = len(seq.token_ids)
@@ -225,6 +237,8 @@ class ModelCore:
         del seq.token_ids[n:]
         if seq.grammar is not None:
             seq.grammar.truncate(n, seq.token_ids)
+        if seq.draft_logprobs:
+            seq.draft_logprobs = {p: r for p, r in seq.draft_logprobs.items() if p < n}
         self.cache.copy_blocks(self.blocks.truncate(seq, min(seq.num_computed, n)))
         for peer in seq.peer_known:
             seq.peer_known[peer] = min(seq.peer_known[peer], n)
@@ -274,16 +288,18 @@ class ModelCore:
         if batch is not None:
             try:
                 forward = self._run(batch)
+                if forward.prompt:
+                    self._score_prompts(batch, forward.prompt)
                 seqs = [batch.seqs[r] for r in forward.sample_rows]
                 if seqs:
-                    self._constrain(seqs, forward)
-                    sampled = self._sample(seqs, forward.logits)
-                    logits, hidden = forward.logits, forward.hidden
+                    logits, hidden = self._process_logits(seqs, forward.logits), forward.hidden
+                    sampled = self._sample(seqs, logits)
                     if forward.verify:  # a verifier's checks: accept, roll back, write the next position
-                        seqs, sampled, logits, hidden = self._verify(forward, seqs, sampled, out)
+                        seqs, sampled, logits, hidden = self._verify(forward, seqs, sampled, logits, out)
+                    records = self._token_logprobs(seqs, logits, sampled)
                     decision = self._route(seqs, logits, hidden, sampled, out)
                     if decision is not None:
-                        self._apply(seqs, sampled.tolist(), *decision, out)
+                        self._apply(seqs, sampled.tolist(), records, *decision, out)
             except Exception as e:  # a failed forward fails its batch, not the worker
                 log.exception("model %r: step failed", self.name)
                 msg = f"model {self.name!r} step failed: {type(e).__name__}: {e}"
@@ -311,29 +327,58 @@ class ModelCore:
         c.step_tokens[n_tokens] = c.step_tokens.get(n_tokens, 0) + 1
         return fwd
 
-    def _constrain(self, seqs: list[Sequence], fwd: ForwardOutput) -> None:
-        """Structured output: mask, in place, the logits of the rows whose request has a grammar
-        (before the policy and the sampler see them; other rows are not touched). A verifier's
-        check gets a mask at each of its positions, from the grammar's state before the drafts."""
-        rows = [i for i, s in enumerate(seqs) if s.req.grammar is not None]
+    # ---- logits: processing, sampling, logprobs ----------------------------------------------
+    @staticmethod
+    def _processes(seq: Sequence) -> bool:
+        """Whether `_process_logits` changes this request's logits (penalties, a grammar)."""
+        return seq.req.params.penalized or seq.req.grammar is not None
+
+    def _process_logits(
+        self, seqs: list[Sequence], logits: torch.Tensor, lengths: list[int] | None = None
+    ) -> torch.Tensor:
+        """The one place where a request's logits are changed, before anything reads them: the
+        sampler, `route`, `verify` and the logprobs. Row r holds seqs[r]'s next-token logits after
+        its first lengths[r] tokens (default: all it holds; a check's rows, one per position, each
+        count only what precedes them). First the penalties (engine/penalties.py), then a
+        grammar's mask (structured/matcher.py: the row's matcher moved to that position, -inf
+        where the grammar forbids). Rows that ask for nothing are left bit for bit, and when none
+        asks the tensor itself comes back."""
+        rows = [r for r, s in enumerate(seqs) if self._processes(s)]
         if not rows:
-            return
-        vocab = fwd.logits.shape[-1]
-        bitmask = allocate(len(rows), vocab)
-        for j, i in enumerate(rows):
-            seq, row = seqs[i], fwd.sample_rows[i]
-            state = self._grammar_state(seq)
-            if row in fwd.verify:
-                state.advance(seq.token_ids, seq.verify_start)
-                drafts = seq.token_ids[seq.verify_start :]
-                span = allocate(len(drafts) + 1, vocab)
-                state.fill_span(drafts, span, 0)
-                apply_bitmask(fwd.verify[row], range(len(drafts) + 1), span)
-                bitmask[j] = span[-1]
-            else:
-                state.advance(seq.token_ids)
+            return logits
+        if lengths is None:
+            lengths = [len(s.token_ids) for s in seqs]
+        penalized = [r for r in rows if seqs[r].req.params.penalized]
+        if penalized:
+            chosen = [seqs[r] for r in penalized]
+            index = torch.tensor(penalized, device=logits.device)
+            rows_out = penalize_rows(
+                logits.index_select(0, index), [s.token_ids for s in chosen], [s.req.num_prompt_tokens for s in chosen],
+                [lengths[r] for r in penalized], [s.req.params for s in chosen],
+            )  # fmt: skip
+            logits = logits.index_copy(0, index, rows_out)
+        else:
+            logits = logits.clone()
+        constrained = [r for r in rows if seqs[r].req.grammar is not None]
+        if constrained:
+            bitmask = allocate(len(constrained), logits.shape[-1])
+            for j, r in enumerate(constrained):
+                state = self._grammar_state(seqs[r])
+                state.seek(lengths[r], seqs[r].token_ids)
                 state.fill(bitmask, j)
-        apply_bitmask(fwd.logits, rows, bitmask)
+            apply_bitmask(logits, constrained, bitmask)
+        return logits
+
+    def _process_spans(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> list[torch.Tensor]:
+        """A verifier's checks through `_process_logits`: span row j of a check is the position
+        after the check's first verify_start + j tokens (so `Speculative` stays lossless against
+        the penalized or constrained target: a draft the grammar forbids is rejected)."""
+        if not any(self._processes(s) for s in seqs):
+            return spans
+        sizes = [span.shape[0] for span in spans]
+        rows = [s for s, n in zip(seqs, sizes) for _ in range(n)]
+        lengths = [s.verify_start + j for s, n in zip(seqs, sizes) for j in range(n)]
+        return list(self._process_logits(rows, torch.cat(spans), lengths).split(sizes))
 
     def _grammar_state(self, seq: Sequence) -> GrammarState:
         if seq.grammar is None:
@@ -344,10 +389,45 @@ class ModelCore:
     def _sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed
             return logits.argmax(dim=-1)
-        st = SamplingTensors.build(
-            [s.req.params for s in seqs], [s.req.seed for s in seqs], [s.num_generated for s in seqs], logits.device
+        return self.sampler(logits, self._sampling_tensors(seqs, logits.device))
+
+    @staticmethod
+    def _sampling_tensors(seqs: list[Sequence], device) -> SamplingTensors:
+        return SamplingTensors.build(
+            [s.req.params for s in seqs], [s.req.seed for s in seqs], [s.num_generated for s in seqs], device
         )
-        return self.sampler(logits, st)
+
+    def _token_logprobs(self, seqs: list[Sequence], logits: torch.Tensor, tokens: torch.Tensor) -> list | None:
+        """Per row, the written token's `TokenLogprob` under this model (None for rows that do not
+        ask; None for all when none asks): from the processed logits it was drawn from."""
+        rows = [r for r, s in enumerate(seqs) if s.req.params.logprobs is not None]
+        if not rows:
+            return None
+        chosen = [seqs[r] for r in rows]
+        index = torch.tensor(rows, device=logits.device)
+        lp = self.sampler.logprobs(logits.index_select(0, index), self._sampling_tensors(chosen, logits.device))
+        found = token_logprobs(lp, tokens[index.to(tokens.device)], [s.req.params.logprobs for s in chosen], self.name)
+        records: list = [None] * len(seqs)
+        for r, record in zip(rows, found):
+            records[r] = record
+        return records
+
+    def _score_prompts(self, batch: ScheduledBatch, prompt: dict[int, tuple[int, torch.Tensor]]) -> None:
+        """prompt_logprobs: the scored prompt positions' records, from the model's own logits (no
+        penalty, no temperature: a prompt token was not sampled), appended to each sequence's."""
+        rows = list(prompt)
+        seqs = [batch.seqs[r] for r in rows]
+        logits = torch.cat([prompt[r][1] for r in rows])
+        lp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
+        spans = [(prompt[r][0], prompt[r][1].shape[0]) for r in rows]
+        targets = [t for s, (first, n) in zip(seqs, spans) for t in s.token_ids[first + 1 : first + 1 + n]]
+        num_top = [s.req.params.prompt_logprobs for s, (_, n) in zip(seqs, spans) for _ in range(n)]
+        records = token_logprobs(lp, torch.tensor(targets), num_top, self.name)
+        done = 0
+        for s, (first, n) in zip(seqs, spans):
+            assert first == len(s.prompt_logprobs), "prompt positions are scored in order (no cache hits before)"
+            s.prompt_logprobs.extend(records[done : done + n])
+            done += n
 
     def _route(
         self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor, out: Outbox
@@ -397,17 +477,22 @@ class ModelCore:
             raise ValueError(f"route returned a model index outside [0, {len(self.policy.models)})")
         return decision.keep.tolist(), next_model
 
-    def _apply(self, seqs: list[Sequence], tokens: list[int], keep: list | None, next_model: list | None, out: Outbox):
+    def _apply(
+        self, seqs: list[Sequence], tokens: list[int], records: list | None, keep: list | None,
+        next_model: list | None, out: Outbox,
+    ):  # fmt: skip
         for i, seq in enumerate(seqs):
             kept = keep is None or keep[i]
             target = self.model_index if next_model is None else next_model[i]
-            self._apply_one(seq, tokens[i], kept, target, out)
+            self._apply_one(seq, tokens[i], kept, target, out, None if records is None else records[i])
 
-    def _apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox) -> None:
+    def _apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox, record=None) -> None:
         """One request's outcome of a step: append the token (if kept), finish, stay, or hand off.
         A drafter's token is tentative: not reported, and where the request would end (or the
-        drafts reach the policy's limit) the verifier takes it and decides."""
+        drafts reach the policy's limit) the verifier takes it and decides. `record` is the
+        token's TokenLogprob when the request asks; a tentative token's waits with it."""
         new = [token] if kept else []
+        logprobs = [record] if kept and record is not None else None
         if kept:
             seq.token_ids.append(token)
             seq.stalls = 0
@@ -415,20 +500,24 @@ class ModelCore:
             stop = (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
             full = seq.num_generated >= req.max_tokens
             if self.drafts:
+                if record is not None:
+                    seq.draft_logprobs[len(seq.token_ids) - 1] = record
                 if stop or full or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
                     target = self.verifier_index
             else:
                 seq.num_confirmed = len(seq.token_ids)
                 if stop:
-                    return self._end(seq, out, "stop", tokens=new)
+                    return self._end(seq, out, "stop", tokens=new, logprobs=logprobs)
                 if full:
-                    return self._end(seq, out, "length", tokens=new)
+                    return self._end(seq, out, "length", tokens=new, logprobs=logprobs)
         reported = [] if self.drafts else new
+        if not reported:
+            logprobs = None
         if target == self.model_index:
             if not kept:
                 return self._end(seq, out, "error", "policy discarded a token without handing the request off")
             if reported:
-                out.events.append(self._event(seq, reported))
+                out.events.append(self._event(seq, reported, logprobs))
             return
         # Hand off: park here with blocks kept, send the peer the suffix it has not seen.
         if not kept:
@@ -436,12 +525,12 @@ class ModelCore:
             if seq.stalls > MAX_STALLS:
                 return self._end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
         name = self.policy.models[target]
-        ev = self._event(seq, reported, handoff_to=name)
+        ev = self._event(seq, reported, logprobs, handoff_to=name)
         out.events.append(ev)
         known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
         msg = PeerMessage(
             seq.request_id, self.name, name, seq.token_ids[known:], start=known, stalls=seq.stalls,
-            confirmed=seq.num_confirmed,
+            confirmed=seq.num_confirmed, logprobs={p: r for p, r in seq.draft_logprobs.items() if p >= known},
         )  # fmt: skip
         try:
             msg = self.policy.send(msg, seq.policy_state)
@@ -457,17 +546,19 @@ class ModelCore:
         out.handoffs.append(PeerHandOff(name, msg, seq.req))
 
     # ---- verification (verifying policies) ---------------------------------------------------
-    def _verify(self, fwd: ForwardOutput, seqs: list[Sequence], sampled: torch.Tensor, out: Outbox):
+    def _verify(
+        self, fwd: ForwardOutput, seqs: list[Sequence], sampled: torch.Tensor, logits: torch.Tensor, out: Outbox
+    ):
         """The verifier's checks in this step: the policy accepts a prefix of each request's
         tentative tokens; they are reported (written by their drafter), the rest roll back here
         (and on the drafter when the request returns), and the verifier writes the next position:
         the token the policy gives, else one sampled from its own distribution there. Requests
-        that end on an accepted token drop out; the others go on to `route` with the logits of
-        the position they write."""
+        that end on an accepted token drop out; the others go on to `route` with the (processed)
+        logits of the position they write."""
         checks = [i for i, r in enumerate(fwd.sample_rows) if r in fwd.verify]
-        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]
+        spans = self._process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])
         verdict = self._policy_verify([seqs[i] for i in checks], spans)
-        logits, tokens = fwd.logits.clone(), sampled.clone()
+        logits, tokens = logits.clone(), sampled.clone()
         ended: set[int] = set()
         resample: list[tuple[int, torch.Tensor]] = []
         for j, i in enumerate(checks):
@@ -520,19 +611,28 @@ class ModelCore:
         return verdict
 
     def _confirm(self, seq: Sequence, start: int, accepted: list[int], source: str, out: Outbox) -> bool:
-        """Report accepted tentative tokens as their drafter's; True if the request ends on one
-        of them (its EOS, a stop token, or max_tokens), which ends it here."""
+        """Report accepted tentative tokens as their drafter's (with the drafter's logprobs, when
+        asked); True if the request ends on one of them (its EOS, a stop token, or max_tokens),
+        which ends it here."""
         req = seq.req
+        records = None
+        if req.params.logprobs is not None:
+            records = [seq.draft_logprobs.pop(start + j) for j in range(len(accepted))]
         for j, token in enumerate(accepted):
             stop = (token in self.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
             if stop or start + j + 1 - req.num_prompt_tokens >= req.max_tokens:
                 self._release(seq)
                 out.releases.append(seq.request_id)
-                out.events.append(WorkerEvent(seq.request_id, accepted[: j + 1], source, num_cached_prompt=seq.num_cached_prompt))
+                out.events.append(WorkerEvent(
+                    seq.request_id, accepted[: j + 1], source, num_cached_prompt=seq.num_cached_prompt,
+                    logprobs=None if records is None else records[: j + 1],
+                ))  # fmt: skip
                 out.events.append(self._event(seq, finish_reason="stop" if stop else "length"))
                 return True
         if accepted:
-            out.events.append(WorkerEvent(seq.request_id, list(accepted), source, num_cached_prompt=seq.num_cached_prompt))
+            out.events.append(WorkerEvent(
+                seq.request_id, list(accepted), source, num_cached_prompt=seq.num_cached_prompt, logprobs=records
+            ))  # fmt: skip
         return False
 
     # ---- bookkeeping -----------------------------------------------------------------------
@@ -544,17 +644,22 @@ class ModelCore:
         self.scheduler.remove(seq)
         self.seqs.pop(seq.request_id, None)
 
-    def _end(self, seq: Sequence, out: Outbox, reason: str, error: str | None = None, tokens=()) -> None:
+    def _end(self, seq: Sequence, out: Outbox, reason: str, error: str | None = None, tokens=(), logprobs=None) -> None:
         """The request ends here: free it on this worker and every peer, and tell the caller."""
         self._release(seq)
         out.releases.append(seq.request_id)
-        out.events.append(self._event(seq, list(tokens), finish_reason=reason, error=error))
+        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))
 
-    def _event(self, seq: Sequence, tokens: list[int] | None = None, **kw) -> WorkerEvent:
+    def _event(self, seq: Sequence, tokens: list[int] | None = None, logprobs: list | None = None, **kw) -> WorkerEvent:
+        """An event of this model's; the first once the prompt is scored carries its records."""
         fed, seq.num_fed = seq.num_fed, 0
+        prompt = None
+        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_sent and not seq.needs_prompt_logits:
+            prompt, seq.prompt_logprobs_sent = [None, *seq.prompt_logprobs], True
         return WorkerEvent(
-            seq.request_id, tokens or [], self.name, num_fed=fed, num_cached_prompt=seq.num_cached_prompt, **kw
-        )
+            seq.request_id, tokens or [], self.name, num_fed=fed, num_cached_prompt=seq.num_cached_prompt,
+            logprobs=logprobs, prompt_logprobs=prompt, **kw,
+        )  # fmt: skip
 
     def routing_counters(self) -> dict[str, float | dict[int, int]]:
         """Counters the throughput model reads (plain numbers, and steps by tokens computed; a

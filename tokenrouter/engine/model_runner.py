@@ -28,6 +28,9 @@ class ForwardOutput:
     # per batch row with a verifier's check: [span, vocab] logits from the position before its
     # first tentative token to the last position (the last row equals the row's `logits`)
     verify: dict[int, torch.Tensor] = field(default_factory=dict)
+    # per batch row whose chunk holds prompt positions still to be scored (prompt_logprobs):
+    # (first such position p, [count, vocab] logits at p .. p + count - 1, each predicting the next)
+    prompt: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
 
 
 class HiddenCapture:
@@ -169,21 +172,47 @@ class ModelRunner:
             use_threads(self.threads)
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
         extra, spans = self.verify_positions(batch)
+        scored, prompt_spans = self.prompt_positions(batch)
         t0 = time.perf_counter()
         if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):  # graph or eager: ours to choose
             logits, hidden = self.graphs.replay(input_ids, positions, meta)
         else:
             self.backend.plan(meta)
-            keep = torch.tensor(last_index + extra, device=self.device, dtype=torch.long)
+            keep = torch.tensor(last_index + extra + scored, device=self.device, dtype=torch.long)
             logits, hidden = self.run_model(input_ids, positions, meta, keep)
-        verify = {}
+        verify, prompt = {}, {}
+        n = len(last_index)
         if spans:  # a check's rows: every position but the last after the sampled rows, then the last
-            n = len(last_index)
             last = {row: i for i, row in enumerate(sample_rows)}
             for row, (offset, count) in spans.items():
                 verify[row] = torch.cat([logits[n + offset : n + offset + count], logits[last[row] : last[row] + 1]])
+        for row, (offset, count, first) in prompt_spans.items():  # after the checks' rows
+            prompt[row] = (first, logits[n + len(extra) + offset : n + len(extra) + offset + count])
+        if spans or prompt_spans:
             logits, hidden = logits[:n], (hidden[:n] if hidden is not None else None)
-        return ForwardOutput(logits, sample_rows, time.perf_counter() - t0, torch.get_num_threads(), hidden, verify)
+        return ForwardOutput(
+            logits, sample_rows, time.perf_counter() - t0, torch.get_num_threads(), hidden, verify, prompt
+        )
+
+    @staticmethod
+    def prompt_positions(batch: ScheduledBatch) -> tuple[list[int], dict[int, tuple[int, int, int]]]:
+        """For prefill rows of requests scoring their prompt (prompt_logprobs): the batch indices
+        of the chunk's prompt positions not yet scored, before the prompt's last (whose logits are
+        the first token's), and per such row where they start among them, how many, and the first
+        position. Other requests add nothing: their steps keep only the logits they sample from."""
+        extra: list[int] = []
+        spans: dict[int, tuple[int, int, int]] = {}
+        start = batch.num_decode
+        for row in range(batch.num_decode, len(batch)):
+            seq, n = batch.seqs[row], batch.num_new[row]
+            if seq.needs_prompt_logits:
+                first = max(seq.num_computed, len(seq.prompt_logprobs))
+                end = min(seq.num_computed + n, seq.req.num_prompt_tokens - 1)
+                if end > first:
+                    spans[row] = (len(extra), end - first, first)
+                    extra.extend(start + (p - seq.num_computed) for p in range(first, end))
+            start += n
+        return extra, spans
 
     @staticmethod
     def verify_positions(batch: ScheduledBatch) -> tuple[list[int], dict[int, tuple[int, int]]]:

@@ -20,6 +20,8 @@ class OutputProcessor:
         self.emitted = 0  # chars of self.text already given to the stream
         self.token_ids: list[int] = []
         self.token_models: list[str] = []
+        self.logprobs: list | None = [] if params.logprobs is not None else None  # one TokenLogprob per token
+        self.prompt_logprobs: list | None = None  # from the entry model's first event after scoring
         self.finish_reason: str | None = None  # set when the output is complete
         self.error: str | None = None
         self.worker_done = False  # the worker sent its terminal event: no KV left anywhere
@@ -42,15 +44,21 @@ class OutputProcessor:
             self.tokens_processed[ev.model] = self.tokens_processed.get(ev.model, 0) + ev.num_fed
         if ev.handoff_to is not None and not self.done:
             self.num_handoffs += 1
+        if ev.prompt_logprobs is not None:
+            self.prompt_logprobs = ev.prompt_logprobs
         if self.done:  # e.g. tokens that raced with the abort sent after a stop string
             return None
         new_ids: list[int] = []
+        new_logprobs = None
         if ev.token_ids:
             if self.t_first is None:
                 self.t_first = time.monotonic()
                 self.num_cached_prompt = ev.num_cached_prompt
             new_ids = self._add_tokens(ev.token_ids)
             self.token_models.extend([ev.model] * len(new_ids))
+            if self.logprobs is not None:
+                new_logprobs = list(ev.logprobs[: len(new_ids)])  # a stop string may have cut the tokens
+                self.logprobs.extend(new_logprobs)
         if ev.finish_reason is not None and not self.done:
             reason = ev.finish_reason
             if reason in ("stop", "length") and self._append_text(self.detok.flush()):
@@ -72,6 +80,7 @@ class OutputProcessor:
             finish_reason=self.finish_reason,  # type: ignore[arg-type]
             error=self.error,
             output=self.output() if self.done else None,
+            logprobs=(new_logprobs or []) if self.logprobs is not None else None,
         )
 
     def fail(self, error: str, ev: WorkerEvent) -> StreamDelta:
@@ -80,7 +89,9 @@ class OutputProcessor:
             self.worker_done = True
         self.finish_reason, self.error = "error", error
         self.t_end = time.monotonic()
-        return StreamDelta(self.req.request_id, "", [], None, "error", error, self.output())
+        return StreamDelta(
+            self.req.request_id, "", [], None, "error", error, self.output(), [] if self.logprobs is not None else None
+        )
 
     def _add_tokens(self, ids: list[int]) -> list[int]:
         """Take the event's tokens (several when a verifier accepts drafts); return those kept.
@@ -124,4 +135,6 @@ class OutputProcessor:
             tokens_processed=dict(self.tokens_processed),
             time_to_first_token=None if self.t_first is None else self.t_first - self.t_start,
             latency=end - self.t_start,
+            logprobs=None if self.logprobs is None else list(self.logprobs),
+            prompt_logprobs=self.prompt_logprobs,
         )

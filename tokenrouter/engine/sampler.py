@@ -1,4 +1,5 @@
-"""Batched sampling: greedy, temperature, top-k, top-p, min-p, reproducible per request.
+"""Batched sampling: greedy, temperature, top-k, top-p, min-p, reproducible per request, and the
+log-probabilities of the distribution each token was drawn from.
 
 Each row draws one uniform number from a hash of (request seed, output position) and samples by
 inverse CDF. The draw depends on nothing else, so a seeded request gives the same tokens whatever
@@ -89,6 +90,22 @@ class Sampler:
             floor = probs.amax(dim=-1, keepdim=True) * st.min_p[:, None]
             probs = torch.where(probs < floor, 0.0, probs)
         return probs
+
+    def logprobs(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
+        """Log-probabilities of the distribution each row's token is drawn from, in the logits'
+        dtype (at least float32): a greedy row's log-softmax of its logits as they are (what
+        Hugging Face's `output_scores` holds); a sampled row's log-softmax of its logits over
+        the temperature, on the tokens `probs` leaves it (-inf for those top-k, top-p and min-p
+        drop), so the values are those of the draw itself."""
+        dtype = torch.promote_types(logits.dtype, torch.float32)
+        x = logits.to(dtype)
+        if st.all_greedy:
+            return torch.log_softmax(x, dim=-1)
+        greedy = st.temperature == 0
+        x = x / torch.where(greedy, 1.0, st.temperature).to(dtype)[:, None]
+        support = self.probs(logits, st) > 0
+        x = torch.where(support | greedy[:, None], x, float("-inf"))
+        return torch.log_softmax(x, dim=-1)
 
     @staticmethod
     def _top_k_top_p(x: torch.Tensor, st: SamplingTensors) -> torch.Tensor:

@@ -60,6 +60,13 @@ class Sequence:
     verify_source: str | None = None
     num_confirmed: int = 0  # leading tokens the caller may see; later ones are tentative (set at admission)
     grammar: object | None = None  # this worker's matcher of req.grammar (structured/matcher.py), made on first use
+    # requests asking logprobs under a verifying policy: each tentative token's record
+    # (outputs.TokenLogprob) by position, written by its drafter; it goes where the token goes
+    draft_logprobs: dict[int, object] = field(default_factory=dict)
+    # prompt_logprobs on the entry model: the records of prompt tokens 1, 2, ... scored so far
+    # (None: not asked here); sent with the request's first event once all are in
+    prompt_logprobs: list | None = None
+    prompt_logprobs_sent: bool = False
 
     @property
     def request_id(self) -> str:
@@ -78,6 +85,20 @@ class Sequence:
         """The first position whose logits the forward that reaches the end must return: the last
         one, or for a verifier's check the one before the first tentative token."""
         return len(self.token_ids) - 1 if self.verify_start is None else self.verify_start - 1
+
+    @property
+    def needs_prompt_logits(self) -> bool:
+        """Prompt positions whose logits are still to be scored (prompt_logprobs)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < self.req.num_prompt_tokens - 1
+
+    @property
+    def cacheable_length(self) -> int:
+        """Leading positions the prefix cache may provide: those before the first position whose
+        logits are needed, which are always computed. A prompt still to be scored is computed
+        whole (as in vLLM, prompt_logprobs take no cache hits)."""
+        if self.needs_prompt_logits:
+            return min(self.first_logit_position, len(self.prompt_logprobs))
+        return self.first_logit_position
 
     @property
     def verify_span(self) -> int:

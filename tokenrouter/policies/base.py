@@ -46,7 +46,7 @@ class StepResult:
     model_index: int  # its index in policy.models
     request_ids: list[str]
     tokens: torch.Tensor  # [B] sampled token ids
-    logits: torch.Tensor  # [B, V] next-token logits, in the model's compute dtype
+    logits: torch.Tensor  # [B, V] next-token logits, in the model's compute dtype, after the request's penalties
     num_generated: torch.Tensor  # [B] tokens already generated before this one
     states: list[dict]  # the policy's per-request fields, mutable
     entropy: torch.Tensor | None = None  # [B] normalized entropy, if the policy requires ENTROPY
@@ -67,8 +67,9 @@ class VerifyResult:
 
     Request i brought `num_drafts[i]` tokens written by `sources[i]`, `drafts[i, :num_drafts[i]]`,
     starting at sequence position `start[i]`. `logits[i, j]` is the verifier's next-token logits
-    before draft j (j = 0 .. num_drafts[i]); row num_drafts[i] is the distribution of the position
-    after the last draft. Rows past it are padding."""
+    before draft j (j = 0 .. num_drafts[i]), penalized (when the request asks) with the tokens
+    before it; row num_drafts[i] is the distribution of the position after the last draft. Rows
+    past it are padding."""
 
     model: str
     model_index: int
@@ -126,6 +127,9 @@ class PeerMessage:
     confirmed: int = 0  # tokens before this position are confirmed; later ones are tentative (verifying policies)
     fields: dict = field(default_factory=dict)  # the policy's own fields
     stalls: int = 0  # hand-offs in a row that added no token (the engine's guard against ping-pong)
+    # requests asking logprobs (verifying policies): the drafters' records of the tentative tokens
+    # in `tokens`, by sequence position; a rolled-back token's goes with it
+    logprobs: dict = field(default_factory=dict)
 
 
 class Policy(ABC):
