@@ -58,7 +58,7 @@ class RequestOutput:
     finish_reason: FinishReason
     prompt_token_ids: list[int] = field(repr=False, default_factory=list)
     error: str | None = None
-    num_cached_prompt_tokens: int = 0
+    num_cached_prompt_tokens: int = 0  # prompt tokens the entry model found in its prefix cache
     num_handoffs: int = 0  # times the request moved to another model
     tokens_processed: dict[str, int] = field(default_factory=dict)  # tokens each model's forwards took in
     time_to_first_token: float | None = None

@@ -25,7 +25,8 @@ class OutputProcessor:
         self.finish_reason: str | None = None  # set when the output is complete
         self.error: str | None = None
         self.worker_done = False  # the worker sent its terminal event: no KV left anywhere
-        self.num_cached_prompt = 0
+        self.num_cached_prompt = 0  # the entry model's prompt tokens from its prefix cache
+        self.heard = False  # any event yet: the first always comes from the entry model
         self.num_handoffs = 0
         self.tokens_processed: dict[str, int] = {}
         self.t_start = time.monotonic()
@@ -40,6 +41,8 @@ class OutputProcessor:
         """Fold in one worker event; return the delta to stream, if any."""
         if ev.finish_reason is not None:
             self.worker_done = True
+        if not self.heard:  # the entry model's first report (a token, a hand-off or the end), not the first token's
+            self.heard, self.num_cached_prompt = True, ev.num_cached_prompt
         if ev.num_fed:
             self.tokens_processed[ev.model] = self.tokens_processed.get(ev.model, 0) + ev.num_fed
         if ev.handoff_to is not None and not self.done:
@@ -53,7 +56,6 @@ class OutputProcessor:
         if ev.token_ids:
             if self.t_first is None:
                 self.t_first = time.monotonic()
-                self.num_cached_prompt = ev.num_cached_prompt
             new_ids = self._add_tokens(ev.token_ids)
             self.token_models.extend([ev.model] * len(new_ids))
             if self.logprobs is not None:
