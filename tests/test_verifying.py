@@ -425,6 +425,33 @@ def test_auto_draft_length_follows_acceptance_and_cost_and_retries():
     assert steps > 10  # not at once: the rejections still count for a while
 
 
+def test_auto_draft_length_plans_for_every_request_in_the_engine():
+    """k="auto" plans for the requests in flight in the engine (use_in_flight), not for the rows
+    of the step at hand: a target step of 2 rows while 16 requests are in flight drafts nothing
+    when verifying 16 is compute-bound, and drafts when only those 2 are in flight."""
+    import torch
+
+    from tokenrouter.policies.base import StepResult
+
+    def target_step(policy, rows):
+        result = StepResult(
+            model="large", model_index=1, request_ids=[str(i) for i in range(rows)], tokens=torch.zeros(rows, dtype=torch.long),
+            logits=torch.zeros(rows, 8), num_generated=torch.ones(rows, dtype=torch.long), states=[{} for _ in range(rows)],
+        )  # fmt: skip
+        route = policy.route(result)
+        return [s["k"] for s in result.states], route.next_model.tolist()
+
+    in_flight = {"n": 16}
+    spec = Speculative(k="auto")
+    spec.auto.use_profiles(lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16))  # memory-bound up to 16 tokens
+    spec.use_in_flight(lambda: in_flight["n"])
+    ks, next_model = target_step(spec, 2)
+    assert ks == [0, 0] and next_model == [1, 1]  # 16 in flight: the target writes on alone
+    in_flight["n"] = 2
+    ks, next_model = target_step(spec, 2)
+    assert ks[0] >= 3 and next_model == [0, 0]  # 2 in flight: cheap drafts again
+
+
 PENALTY_KINDS = [
     dict(repetition_penalty=1.5),
     dict(presence_penalty=0.6, frequency_penalty=0.4),

@@ -264,6 +264,7 @@ class Engine:
             eos = frozenset().union(*(self.loaded[m].eos_token_ids for m in self.policy.models))
             self._grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
             self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
+            self.policy.use_in_flight(lambda: len(self._requests))
             if self._auto is not None or self.policy.wants_profiles:
                 try:
                     await self.profile()

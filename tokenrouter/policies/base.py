@@ -161,6 +161,10 @@ class Policy(ABC):
     def use_profiles(self, profiles: dict) -> None:
         """Each model's LatencyProfile (its `.table(tokens)` gives seconds per step), at start."""
 
+    def use_in_flight(self, count) -> None:
+        """At start: `count()` gives the requests in flight in the engine now (submitted, not yet
+        ended, wherever they are), for a policy that plans by load. Called from worker threads."""
+
     def validate(self, models: dict) -> None:
         """Called at engine start with each model's `LoadedModel`: raise ConfigError if the policy
         cannot serve these models (e.g. a learned router trained for another pair)."""

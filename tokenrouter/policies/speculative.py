@@ -14,8 +14,9 @@ step-latency profiles: a cycle of k drafts yields (1 - a^(k+1)) / (1 - a) tokens
 steps and one verify step of k + 1 tokens per request, against one token per target step
 alone; k = 0 (the target writes alone) wins when the batch is large enough that verifying costs
 what it would cost the target to write the tokens itself. The batch it plans for is every
-request in flight, wherever it is (the sum of each model's latest step size): a request drafting
-on the small model comes back to the target's batch, so the target's step alone undercounts it.
+request in flight, wherever it is: a request drafting on the small model comes back to the
+target's batch, so the target's step alone undercounts it. The engine tells it that count
+(`use_in_flight`); without an engine, the sum of each model's latest step size stands in.
 """
 
 from __future__ import annotations
@@ -51,6 +52,7 @@ class Speculative(Policy):
         self._sampler = Sampler()
         self.auto = AutoDraftLength(self.max_draft) if k == "auto" else None
         self._last_batch: dict[str, tuple[int, float]] = {}  # per model: (rows, when) of its latest step
+        self._engine_in_flight = None  # the engine's count of requests in flight (use_in_flight)
 
     @property
     def models(self) -> list[str]:
@@ -75,9 +77,16 @@ class Speculative(Policy):
 
     STALE_S = 2.0  # a model that has not stepped for this long holds no request
 
+    def use_in_flight(self, count) -> None:
+        self._engine_in_flight = count
+
     def _in_flight(self, model: str, rows: int) -> int:
-        """Requests in flight on every model, from each one's latest step (the one stepping now
-        reports `rows`); a model idle for STALE_S counts none."""
+        """Requests in flight on every model: the engine's count when it gave one, else the sum
+        of each model's latest step (the one stepping now reports `rows`; a model idle for
+        STALE_S counts none). The latest steps undercount (a request in transit, or waiting for
+        its turn, is in neither), which makes drafting look cheaper than it is at high load."""
+        if self._engine_in_flight is not None:
+            return max(rows, self._engine_in_flight())
         now = time.monotonic()
         self._last_batch[model] = (rows, now)
         return sum(n for n, t in self._last_batch.values() if now - t < self.STALE_S)
