@@ -260,6 +260,38 @@ def test_one_model_and_more_than_two_models():
     assert many.tokens_per_s is None and "B = 1" in many.note
 
 
+# ---- a hand-off delay (workers on other machines) -----------------------------------------------
+def test_one_request_pays_the_hand_off_delay_at_every_hand_off():
+    """C = 1: the request is in transit r d of the time, so 1 / X grows by (hand-offs per token) x d
+    (renewal: each token costs its steps plus its share of the transits), linear in d."""
+    rt = _rt(0.2, 0.5, k_s=0.7, u_s=6.0, u_l=3.0)
+    x0 = predict(LAT, rt, 1).tokens_per_s
+    assert predict(LAT, rt, 1, handoff_delay_s=0.0) == predict(LAT, rt, 1)  # d = 0: the chain as it was
+    d1, d2 = 0.004, 0.04
+    p1, p2 = predict(LAT, rt, 1, handoff_delay_s=d1), predict(LAT, rt, 1, handoff_delay_s=d2)
+    per_token_1, per_token_2 = 1 / p1.tokens_per_s - 1 / x0, 1 / p2.tokens_per_s - 1 / x0
+    assert per_token_1 > 0 and math.isclose(per_token_2 / per_token_1, d2 / d1, rel_tol=1e-6)
+    assert 0 < p1.in_transit < p2.in_transit < 1 and p2.handoff_delay_s == d2
+    assert math.isclose(p2.per_token_latency_s, 1 / p2.tokens_per_s)  # Little's law, transit included
+
+
+@pytest.mark.parametrize("C", [4, 16])
+def test_a_longer_hand_off_leaves_fewer_requests_working(C):
+    rt = _rt(0.15, 0.6)
+    preds = [predict(LAT, rt, C, handoff_delay_s=d) for d in (0.0, 0.002, 0.02, 0.2)]
+    xs, transit = [p.tokens_per_s for p in preds], [p.in_transit for p in preds]
+    assert xs == sorted(xs, reverse=True) and transit == sorted(transit) and transit[0] == 0.0
+    assert all(p.concurrency == C and math.isclose(p.per_token_latency_s, C / p.tokens_per_s) for p in preds)
+    for p in preds[1:]:  # Little's law: in transit = hand-off rate x d, the rate of the requests still working
+        assert 0 < p.in_transit < C
+    chosen = choose_b(LAT, rt, C, handoff_delay_s=0.02, shared_device=1.0)
+    b1 = predict(LAT, rt, C, handoff_delay_s=0.02, shared_device=1.0)
+    assert chosen.handoff_delay_s == 0.02 and chosen.in_transit > 0
+    assert chosen.baseline_tokens_per_s == b1.tokens_per_s <= chosen.tokens_per_s  # the best B, no worse than B = 1
+    with pytest.raises(ValueError, match="handoff_delay_s"):
+        predict(LAT, rt, C, handoff_delay_s=-1.0)
+
+
 def test_bad_model_inputs_are_rejected():
     with pytest.raises(ValueError, match="RoutingStats.h"):
         RoutingStats(1.5)

@@ -52,6 +52,15 @@ n_m requests
     steps                     otherwise: time L_m, b_m k_m tokens, X ~ Bin(b_m, h_m) leave.
 Tokens/s is E_pi[tokens of a step] / E_pi[time of a step] (renewal-reward).
 
+Hand-off delay (`handoff_delay_s` = d > 0: workers on other machines, docs/distributed.md). A
+request in transit between the workers is in neither batch and does no work. By Little's law
+r d of the C requests are in transit on average, r the hand-off rate (requests leaving either
+model per second, sum_n pi(n) sum_m b_m h_m / T_m), so the workers serve an effective
+concurrency C_eff = C - r d, the fixed point of that equation at B = 1. Its tokens/s are read
+between the chains at floor(C_eff) and ceil(C_eff) (none at 0 requests), for every B; the
+per-token latency stays C / X, the transit included. So a long hand-off makes the models'
+batches smaller, and B follows: the hold waits for requests that are away longer.
+
 Approximations: steps are geometric (memoryless) rather than fixed-length; arrivals during a hold
 are Poisson at the rate the other model's un-held steps would send them; catch-up tokens use the
 mean suffix length; requests that finish are assumed replaced at once on the entry model (the
@@ -207,6 +216,8 @@ class ThroughputPrediction:
     baseline_tokens_per_s: float | None = None  # the same inputs with B = 1 everywhere
     meets_latency_bound: bool | None = None  # None: no bound given
     note: str = ""
+    handoff_delay_s: float = 0.0  # d: seconds a hand-off spends between the workers
+    in_transit: float = 0.0  # E[requests in transit] (r d), out of `concurrency`
 
 
 # ---- pieces ------------------------------------------------------------------------------
@@ -465,6 +476,79 @@ class TwoModelChain:
         return stationary(self.matrix(p))
 
 
+def handoff_rate(pair: TwoModelChain, pi: np.ndarray, T: list[np.ndarray]) -> float:
+    """Requests leaving either model per second: sum_n pi(n) sum_m b_m h_m / T_m."""
+    rate = 0.0
+    for i in range(2):
+        per_step = np.where(np.isfinite(T[i]) & (pair.b[i] > 0), pair.b[i] * pair.rt[i].h / np.where(np.isfinite(T[i]), T[i], 1.0), 0.0)
+        rate += float(pi @ per_step)
+    return rate
+
+
+class TransitMix:
+    """The chains at the effective concurrency a hand-off delay leaves (module docstring): the
+    chain at floor(C_eff) weighted 1 - w and the one at ceil(C_eff) weighted w, where C_eff is the
+    fixed point of C_eff = C - r(C_eff) d at B = 1. With d = 0 it is the chain at C alone."""
+
+    ROUNDS = 50
+
+    def __init__(self, make, C: int, delay: float):
+        self.C, self.delay = C, delay
+        self._make, self._chains = make, {}
+        self.lo, self.hi, self.w, self.in_transit = C, C, 0.0, 0.0
+        if delay <= 0:
+            return
+        c_eff = float(C)
+        for _ in range(self.ROUNDS):  # a contraction for any realistic d (r d < C); damped anyway
+            lo, hi, w = self._split(c_eff)
+            r = sum(weight * self._rate(c, [1, 1]) for c, weight in ((lo, 1 - w), (hi, w)) if weight > 0)
+            new = max(0.0, C - r * delay)
+            if abs(new - c_eff) < 1e-6:
+                c_eff = new
+                break
+            c_eff = 0.5 * (c_eff + new)
+        self.lo, self.hi, self.w = self._split(c_eff)
+        self.in_transit = C - c_eff
+
+    @staticmethod
+    def _split(c: float) -> tuple[int, int, float]:
+        lo = int(math.floor(c))
+        return lo, lo + 1, c - lo
+
+    def chain(self, c: int) -> TwoModelChain | None:
+        if c < 1:
+            return None
+        if c not in self._chains:
+            self._chains[c] = self._make(c)
+        return self._chains[c]
+
+    def _rate(self, c: int, B) -> float:
+        pair = self.chain(c)
+        if pair is None:
+            return 0.0
+        _, pi, T = pair.evaluate([min(b, c) for b in B])
+        return handoff_rate(pair, pi, T)
+
+    @property
+    def main(self) -> TwoModelChain:
+        """The chain whose distribution a prediction reports: the heavier of the two (at C when d = 0)."""
+        c = self.hi if self.w >= 0.5 else self.lo
+        return self.chain(max(1, min(c, self.C)))
+
+    def evaluate(self, B) -> tuple[float, np.ndarray, list[np.ndarray]]:
+        """(tokens/s, pi, T): tokens/s blended over the two chains; pi and T of `main`."""
+        main = self.main
+        if self.delay <= 0:
+            return main.evaluate(B)
+        X = 0.0
+        for c, weight in ((self.lo, 1 - self.w), (self.hi, self.w)):
+            pair = self.chain(min(c, self.C))
+            if weight > 0 and pair is not None:
+                X += weight * pair.evaluate([min(b, pair.C) for b in B])[0]
+        _, pi, T = main.evaluate([min(b, main.C) for b in B])
+        return X, pi, T
+
+
 def transition_matrix(
     latency: Mapping[str, StepLatency], routing: Mapping[str, RoutingStats], concurrency: int,
     batch_min: Mapping[str, int] | None = None, batch_wait_s: float = 0.02,
@@ -512,8 +596,11 @@ def candidate_bs(limit: int) -> list[int]:
     return sorted(out)
 
 
-def _prediction(pair: TwoModelChain, B, X, pi, T, routing, latency, baseline, bound, note) -> ThroughputPrediction:
+def _prediction(
+    pair: TwoModelChain, B, X, pi, T, routing, latency, baseline, bound, note, mix: TransitMix | None = None
+) -> ThroughputPrediction:
     names = pair.names
+    C = mix.C if mix is not None else pair.C  # every request, those in transit too (Little's law)
     step_s = {}
     mean_requests = {}
     for i, m in enumerate(names):
@@ -521,12 +608,12 @@ def _prediction(pair: TwoModelChain, B, X, pi, T, routing, latency, baseline, bo
         rate = np.where(np.isfinite(T[i]), 1.0 / T[i], 0.0)
         steps = float(pi @ rate)
         step_s[m] = float(pi @ (rate * np.where(np.isfinite(T[i]), T[i], 0.0))) / steps if steps > 0 else math.inf
-    latency_s = pair.C / X if X > 0 else math.inf
+    latency_s = C / X if X > 0 else math.inf
     return ThroughputPrediction(
         batch_min=dict(zip(names, (int(b) for b in B))),
         tokens_per_s=X,
         per_token_latency_s=latency_s,
-        concurrency=pair.C,
+        concurrency=C,
         routing=dict(routing),
         latency={m: latency[m] for m in names},
         batch_wait_s=pair.wait_s,
@@ -538,7 +625,15 @@ def _prediction(pair: TwoModelChain, B, X, pi, T, routing, latency, baseline, bo
         baseline_tokens_per_s=baseline,
         meets_latency_bound=None if bound is None else latency_s <= bound,
         note=note,
+        handoff_delay_s=mix.delay if mix is not None else 0.0,
+        in_transit=mix.in_transit if mix is not None else 0.0,
     )
+
+
+def _check_delay(d) -> float:
+    if isinstance(d, bool) or not isinstance(d, (int, float)) or not (0.0 <= d < math.inf):
+        raise ValueError(f"handoff_delay_s: must be a finite number >= 0, got {d!r}")
+    return float(d)
 
 
 def _single(name, latency, routing, C, batch_wait_s, max_batch, bound) -> ThroughputPrediction:
@@ -572,21 +667,26 @@ def predict(
     max_batch: Mapping[str, int] | None = None,
     shared_device: float = 0.0,
     turns: bool = False,
+    handoff_delay_s: float = 0.0,
 ) -> ThroughputPrediction:
     """Predicted tokens/s and per-token latency for a given B per model (default 1).
 
-    `routing`'s order names the models; the first is the one requests start on."""
+    `routing`'s order names the models; the first is the one requests start on.
+    `handoff_delay_s`: seconds a hand-off spends between the workers (module docstring)."""
     names = _names(latency, routing)
     C = _check_c(concurrency)
+    delay = _check_delay(handoff_delay_s)
     if len(names) == 1:
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, None)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = TwoModelChain(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
+    mix = TransitMix(
+        lambda c: TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns), C, delay
+    )
     B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
-    X, pi, T = pair.evaluate(B)
-    X1 = X if B == [1, 1] else pair.evaluate([1, 1])[0]
-    return _prediction(pair, B, X, pi, T, routing, latency, X1, None, "")
+    X, pi, T = mix.evaluate(B)
+    X1 = X if B == [1, 1] else mix.evaluate([1, 1])[0]
+    return _prediction(mix.main, B, X, pi, T, routing, latency, X1, None, "", mix)
 
 
 def _many(names, latency, routing, C, batch_wait_s) -> ThroughputPrediction:
@@ -612,6 +712,7 @@ def choose_b(
     shared_device: float = 0.0,
     turns: bool = False,
     candidates: Mapping[str, Sequence[int]] | None = None,
+    handoff_delay_s: float = 0.0,
 ) -> ThroughputPrediction:
     """Pick B per model (grid over 1..min(C, max_batch)) maximising predicted tokens/s.
 
@@ -621,17 +722,21 @@ def choose_b(
     either excludes every B that is slower than it allows or none."""
     names = _names(latency, routing)
     C = _check_c(concurrency)
+    delay = _check_delay(handoff_delay_s)
     if latency_bound_s is not None and not (latency_bound_s > 0):
         raise ValueError(f"latency_bound_s: must be > 0, got {latency_bound_s!r}")
     if len(names) == 1:
         return _single(names[0], latency, routing, C, batch_wait_s, max_batch, latency_bound_s)
     if len(names) > 2:
         return _many(names, latency, routing, C, batch_wait_s)
-    pair = TwoModelChain(names, latency, routing, C, batch_wait_s, max_batch, shared_device, turns)
-    X1, pi1, T1 = pair.evaluate([1, 1])
+    mix = TransitMix(
+        lambda c: TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns), C, delay
+    )
+    pair = mix.main
+    X1, pi1, T1 = mix.evaluate([1, 1])
     if batch_wait_s <= 0:
         return _prediction(
-            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "batch_wait_s = 0: B has no effect"
+            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "batch_wait_s = 0: B has no effect", mix
         )
     grids = []
     for i, m in enumerate(names):
@@ -641,13 +746,13 @@ def choose_b(
     results = []  # (X, B, pi, T) of every B that meets the bound
     for b0 in grids[0]:
         for b1 in grids[1]:
-            X, pi, T = (X1, pi1, T1) if (b0, b1) == (1, 1) else pair.evaluate([b0, b1])
+            X, pi, T = (X1, pi1, T1) if (b0, b1) == (1, 1) else mix.evaluate([b0, b1])
             if latency_bound_s is None or (X > 0 and C / X <= latency_bound_s):
                 results.append((X, [b0, b1], pi, T))
     if not results:
         return _prediction(
-            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "no B meets the latency bound: B = 1"
+            pair, [1, 1], X1, pi1, T1, routing, latency, X1, latency_bound_s, "no B meets the latency bound: B = 1", mix
         )
     top = max(r[0] for r in results)
     X, B, pi, T = min((r for r in results if r[0] >= top * (1 - _TIE)), key=lambda r: (sum(r[1]), r[1]))
-    return _prediction(pair, B, X, pi, T, routing, latency, X1, latency_bound_s, "")
+    return _prediction(pair, B, X, pi, T, routing, latency, X1, latency_bound_s, "", mix)
