@@ -40,7 +40,8 @@ async def profile_workers(workers: Mapping[str, WorkerThread], refresh: bool = F
     the worker's own thread, between its steps, one model at a time, and cached."""
     out: dict[str, LatencyProfile] = {}
     for name, worker in workers.items():
-        info = latency_profile.profile_info(worker.core)
+        # asked of the worker, which may be in another process (a Ray actor: distributed/)
+        info = await anyio.to_thread.run_sync(worker.call(lambda core: latency_profile.profile_info(core)).result)
         prof = None if refresh else latency_profile.load_cached(info)
         if prof is None:
             future = worker.call(lambda core: latency_profile.measure(core))  # looked up now: tests swap it
@@ -193,13 +194,13 @@ class AutoBatching:
         if shared is not None:
             return min(1.0, max(0.0, float(shared)))
         loaded = self._loaded()
+        workers = self._workers()
         devices = {str(loaded[m].device) for m in names}
-        if len(devices) > 1:
+        if len(devices) > 1 or len({workers[m].host for m in names}) > 1:  # other devices, or other machines
             return 0.0
         if next(iter(devices)).startswith("cpu"):
             cores = usable_cores()
-            workers = self._workers()
-            threads = sum(workers[m].core.torch_threads or 1 for m in names)
+            threads = sum(workers[m].torch_threads or 1 for m in names)
             return min(1.0, max(0.0, threads / cores - 1.0))
         return 1.0
 
@@ -240,7 +241,9 @@ class AutoBatching:
             sigma = self._shared_device(names)
             turns = all(workers[m].core_share is not None for m in names)  # on one CPU the workers take turns
             bound = self.options.latency_bound_s
-            inputs = (C, sigma, turns, bound, *[
+            # a hand-off's time between the workers (0 in one process; measured between Ray actors)
+            delay = sum(workers[m].handoff_delay_s for m in names) / len(names)
+            inputs = (C, sigma, turns, bound, delay, *[
                 v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
             ])  # fmt: skip
             if self._prediction is not None and self._inputs is not None and _close(inputs, self._inputs):
@@ -254,6 +257,7 @@ class AutoBatching:
                 max_batch={m: self.specs[m].max_num_seqs for m in names},
                 shared_device=sigma,
                 turns=turns,
+                handoff_delay_s=delay,
             )
             self._inputs = inputs
             self._prediction = prediction

@@ -61,3 +61,4 @@ class WorkerStats:
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
     torch_threads: int | None = None  # torch threads the forwards are meant to run on
     steps_by_threads: dict[int, int] = field(default_factory=dict)  # steps by the torch threads they ran on
+    time_transport_s: float = 0.0  # sending hand-offs and events to other processes (Ray actors; 0 in one process)

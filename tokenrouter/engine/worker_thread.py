@@ -14,6 +14,7 @@ regions and each op gets ~25% slower.
 from __future__ import annotations
 
 import logging
+import socket
 import threading
 import time
 import traceback
@@ -34,6 +35,11 @@ log = logging.getLogger(__name__)
 
 
 class WorkerThread:
+    # Where the worker computes, for the throughput model: the machine (workers on several share
+    # nothing) and the seconds a hand-off takes to reach a peer (none within one process).
+    host = socket.gethostname()
+    handoff_delay_s = 0.0
+
     def __init__(
         self,
         core: ModelCore,
@@ -141,6 +147,15 @@ class WorkerThread:
 
     def routing_counters(self) -> dict[str, float | dict[int, int]]:
         return self.core.routing_counters()
+
+    @property
+    def capacity_tokens(self) -> int:
+        """Tokens the KV pool holds (a request must fit whole); the core must be loaded."""
+        return self.core.blocks.capacity_tokens
+
+    @property
+    def torch_threads(self) -> int | None:
+        return self.core.torch_threads
 
     def join(self, timeout: float | None = None) -> bool:
         if self._thread is not None:
