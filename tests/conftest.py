@@ -56,3 +56,30 @@ def tiny_pair(tmp_path_factory, tokenizer):
         num_hidden_layers=3, hidden_size=96,
     )  # fmt: skip
     return {"small": small, "large": large}
+
+
+# ---- Ray: a local cluster of two simulated nodes, for the tests of models in Ray actors -----------
+SMALL_NODE, LARGE_NODE = {"node_small": 8}, {"node_large": 8}  # custom resources: one node each
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A Ray cluster of two nodes on this machine (`ray.cluster_utils.Cluster`): the head offers
+    the resource "node_small", the other "node_large", so an actor asking for one is pinned to its
+    node. This process is connected to it. Shut down when the session ends, and every process it
+    started must then be gone (a test that leaves a Ray process behind fails here)."""
+    import ray
+    from ray.cluster_utils import Cluster
+
+    from .ray_processes import descendants, wait_gone
+
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": SMALL_NODE})
+    cluster.add_node(num_cpus=4, resources=LARGE_NODE)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="WARNING")
+    yield cluster
+    started = descendants()  # the cluster's processes (raylets, GCS, actors' workers), before they stop
+    ray.shutdown()
+    cluster.shutdown()
+    left = wait_gone(started, timeout=60)
+    assert not left, f"Ray processes left behind: {left}"

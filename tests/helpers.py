@@ -183,3 +183,109 @@ class StepGate:
 
     def open(self) -> None:
         self.opened.set()
+
+
+# ---- workers in Ray actors ------------------------------------------------------------------------
+class _GateState:
+    """A gate inside an actor: the StepGate's events, and the tokens each request produced once
+    counting began (the actor's own events, counted where they are made)."""
+
+    def __init__(self, predicate):
+        self.predicate = predicate
+        self.hit = threading.Event()
+        self.opened = threading.Event()
+        self.counting = False
+        self.late: Counter = Counter()
+
+
+def _install_gate(predicate, worker) -> None:
+    state = worker.test_gate = _GateState(predicate)
+    real_step, real_sink = type(worker).step.__get__(worker), worker.sink
+
+    def step():
+        if predicate is not None and not state.hit.is_set() and not state.opened.is_set() and predicate(worker):
+            state.hit.set()
+            state.opened.wait(30)
+        real_step()
+
+    def sink(events):
+        if state.counting:
+            for ev in events:
+                state.late[ev.request_id] += len(ev.token_ids)
+        real_sink(events)
+
+    worker.step, worker.sink = step, sink
+    worker.test_gate_sink = real_sink
+
+
+def _remove_gate(worker) -> None:
+    del worker.step  # the class's again
+    worker.sink = worker.test_gate_sink
+    del worker.test_gate, worker.test_gate_sink
+
+
+def _wait_hit(timeout, worker) -> bool:
+    return worker.test_gate.hit.wait(timeout)
+
+
+def _start_counting(worker) -> None:
+    worker.test_gate.counting = True
+
+
+def _open(worker) -> None:
+    worker.test_gate.opened.set()
+
+
+def _late(worker) -> Counter:
+    return worker.test_gate.late
+
+
+class RemoteStepGate:
+    """`StepGate` for a worker in a Ray actor (`RemoteWorker.inspect` runs each part there), with
+    the counting of `tests/test_cancellation.py`'s late tokens done in the actors too. `counted`:
+    the workers whose events are counted once the gate opens (the gated one is always among them).
+    A predicate of None only counts."""
+
+    def __init__(self, worker, predicate, counted=()):
+        from functools import partial
+
+        self.partial = partial
+        self.worker = worker
+        self.others = [w for w in counted if w is not worker]
+        worker.inspect(partial(_install_gate, predicate))
+        for w in self.others:
+            w.inspect(partial(_install_gate, None))
+        self.opened = False
+
+    async def wait_hit(self, timeout: float = 20.0) -> None:
+        if not await anyio.to_thread.run_sync(self.worker.inspect, self.partial(_wait_hit, timeout)):
+            raise AssertionError("the worker never reached the gated state")
+
+    def open(self) -> None:
+        for w in [self.worker, *self.others]:
+            w.inspect(_start_counting)
+        self.opened = True
+        self.worker.inspect(_open)
+
+    def late_tokens(self) -> Counter:
+        total: Counter = Counter()
+        for w in [self.worker, *self.others]:
+            total += w.inspect(_late)
+        return total
+
+    def remove(self) -> None:
+        for w in [self.worker, *self.others]:
+            w.inspect(_remove_gate)
+
+
+def actor_node(worker) -> str:
+    """The Ray node a worker's actor runs on."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id()
+
+
+def holds_nothing_anywhere(engine) -> bool:
+    """No worker, wherever it runs, holds a request, and the engine tracks none."""
+    stats = engine.stats().values()
+    return all(s.running == s.waiting == s.pending == 0 for s in stats) and not engine._channels and not engine._requests

@@ -30,6 +30,7 @@ import torch
 
 from tokenrouter import (
     ConfigError,
+    RayPlacement,
     Engine,
     EngineNotRunningError,
     InvalidRequestError,
@@ -242,6 +243,10 @@ MS_ACCEPTED = [
     *[("onednn_linear", v) for v in (None, True, False)],
     *[("attention_backend", v) for v in ("auto", "torch", "flashinfer")],
     *[("cuda_graph_max_batch", v) for v in (0, 1, 32, 4096)],
+    ("placement", None),
+    ("placement", RayPlacement()),
+    ("placement", RayPlacement(num_cpus=0, num_gpus=8, resources={"node_large": 1, "accelerator_type:H100": 0.001})),
+    ("placement", RayPlacement(num_cpus=0.5, runtime_env={"env_vars": {"A": "1"}, "pip": ["x"]})),
 ]
 
 MS_REJECTED = [
@@ -303,6 +308,27 @@ MS_REJECTED = [
     ("cuda_graph_max_batch", True, "valid integer"),
     ("bogus", 1, "Extra inputs are not permitted"),
     ("maxmodellen", 64, "Extra inputs are not permitted"),
+    ("placement", 5, "valid dictionary or instance of RayPlacement"),
+    ("placement", "node_large", "valid dictionary or instance of RayPlacement"),
+    ("placement", {"num_cpus": -1}, "greater than or equal to 0"),
+    ("placement", {"num_cpus": 2000}, "less than or equal to 1024"),
+    ("placement", {"num_cpus": NAN}, "finite number"),
+    ("placement", {"num_cpus": True}, "valid number"),
+    ("placement", {"num_cpus": "1"}, "valid number"),
+    ("placement", {"num_gpus": -0.5}, "greater than or equal to 0"),
+    ("placement", {"num_gpus": INF}, "finite number"),
+    ("placement", {"resources": {"CPU": 1}}, "give 'CPU' as num_cpus / num_gpus"),
+    ("placement", {"resources": {"GPU": 1}}, "give 'GPU' as num_cpus / num_gpus"),
+    ("placement", {"resources": {"node": 0}}, "must be a finite number > 0"),
+    ("placement", {"resources": {"node": INF}}, "must be a finite number > 0"),
+    ("placement", {"resources": {"node": "1"}}, "must be a number"),
+    ("placement", {"resources": {"node": True}}, "must be a number"),
+    ("placement", {"resources": {" ": 1}}, "non-empty string"),
+    ("placement", {"resources": {1: 1}}, "valid string"),
+    ("placement", {"resources": ["node"]}, "valid dictionary"),
+    ("placement", {"runtime_env": {"env_vars": {"A": 1}}}, "env_vars must be a dict of str -> str"),
+    ("placement", {"runtime_env": "env"}, "valid dictionary"),
+    ("placement", {"bogus": 1}, "Extra inputs are not permitted"),
 ]
 
 
@@ -336,6 +362,16 @@ def test_model_spec_rejects_bad_values(tmp_path, field, value, fragment):
     _check_validation_error(e.value, field, fragment)
 
 
+def test_a_placed_models_path_is_checked_where_its_actor_runs(tmp_path):
+    """With a placement the path (and tokenizer, and store name) are the actor's node's to
+    resolve: a large model's weights need only be on the GPU node."""
+    spec = ModelSpec(path=NO_SUCH_PATH, tokenizer=NO_SUCH_PATH, placement=RayPlacement())
+    assert str(spec.path) == NO_SUCH_PATH and str(spec.tokenizer) == NO_SUCH_PATH
+    assert str(ModelSpec(path="smollm2", placement=RayPlacement()).path) == "smollm2"
+    with pytest.raises(pydantic.ValidationError, match="is empty"):
+        ModelSpec(path="", placement=RayPlacement())
+
+
 def test_model_spec_rejects_both_kv_budgets(tmp_path):
     with pytest.raises(pydantic.ValidationError) as e:
         ModelSpec(path=tmp_path, kv_cache_tokens=16, kv_cache_bytes=1 << 20)
@@ -353,12 +389,16 @@ class _NeedsHiddenStates(Policy):
 
 M = object()  # stands for the tiny model's directory in the rows below
 ONE = {"a": M}
+PLACED = object()  # the tiny model, placed in a Ray actor
+ONE_PLACED = {"a": PLACED}
 
 
 def _fill(x, path):
-    """A copy of a row's kwargs with M replaced by `path`."""
+    """A copy of a row's kwargs with M replaced by `path` (PLACED by a ModelSpec of it with a placement)."""
     if x is M:
         return path
+    if x is PLACED:
+        return ModelSpec(path=path, placement=RayPlacement())
     if isinstance(x, dict):
         return {k: _fill(v, path) for k, v in x.items()}
     if isinstance(x, list):
@@ -432,6 +472,12 @@ ENGINE_REJECTED = [
     ),
     *_bad_values("mode", [(v, "must be 'routed', 'standard' or 'lockstep'") for v in ("fast", "", "ROUTED", None, 0)]),
     *_bad_values("auto_batching", [(v, "must be AutoBatchingOptions or a dict") for v in (1, "fast", [1.0])]),
+    *_bad_values("ray_address", [(v, "must be a string or None") for v in (5, True, b"local", ["local"])]),
+    *_bad_values("ray_address", [(v, "must be 'local', 'auto', 'host:port'") for v in ("", "  ", "local host", "a\n")]),
+    ("ray_address-nothing-placed", {"models": ONE, "ray_address": "local"}, ConfigError, "ray_address", "no model has a placement"),
+    *_bad_values("placement_strategy", [(v, "must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'") for v in ("pack", "", "SPREAD ", 1, True)]),
+    ("placement_strategy-nothing-placed", {"models": ONE, "placement_strategy": "PACK"}, ConfigError, "placement_strategy", "no model has a placement"),
+    ("mode-lockstep-placed", {"models": ONE_PLACED, "mode": "lockstep"}, ConfigError, "mode", "no model can be placed in a Ray actor"),
     *_bad_values(
         "auto_batching",
         [({"interval_s": 0}, "greater than 0"), ({"interval_s": "1"}, "valid number"), ({"shared_device": 2.0}, "less than or equal to 1"),
@@ -457,6 +503,10 @@ ENGINE_ACCEPTED = [
     *[(f"mode={v}", {"models": ONE, "mode": v}) for v in ("routed", "standard", "lockstep")],
     ("auto_batching=None", {"models": ONE, "auto_batching": None}),
     ("auto_batching=dict", {"models": ONE, "delayed_batching": "auto", "auto_batching": {"interval_s": 0.5}}),
+    ("placed", {"models": ONE_PLACED}),
+    ("placed-standard", {"models": ONE_PLACED, "mode": "standard"}),
+    *[(f"ray_address={v}", {"models": ONE_PLACED, "ray_address": v}) for v in (None, "local", "auto", "10.0.0.1:6379", "ray://head:10001")],
+    *[(f"placement_strategy={v}", {"models": ONE_PLACED, "placement_strategy": v}) for v in (None, "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")],
 ]
 
 

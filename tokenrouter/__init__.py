@@ -1,7 +1,16 @@
 """tokenrouter: token-level routing between language models, served in-process."""
 
 from .api import Engine
-from .config import AutoBatchingOptions, EngineOptions, Grammar, JsonSchema, ModelSpec, Regex, SamplingParams
+from .config import (
+    AutoBatchingOptions,
+    EngineOptions,
+    Grammar,
+    JsonSchema,
+    ModelSpec,
+    RayPlacement,
+    Regex,
+    SamplingParams,
+)
 from .errors import (
     ConfigError,
     EngineNotRunningError,
@@ -29,6 +38,7 @@ __all__ = [
     "ModelSpec",
     "Policy",
     "RStitch",
+    "RayPlacement",
     "Regex",
     "RequestOutput",
     "SamplingParams",

@@ -135,6 +135,12 @@ class Engine:
       batch in turn.
     - `auto_batching`: the knobs of delayed_batching="auto" (`AutoBatchingOptions`: seconds
       between re-picks, a bound on the predicted per-token latency, the shared-device share).
+    - `ray_address`, `placement_strategy`: for models with `ModelSpec(placement=RayPlacement(...))`,
+      whose workers run in Ray actors (docs/distributed.md): the cluster (None: the one this
+      process is connected to, else the one `ray start` runs here; "local": start one for this
+      engine, stopped when it closes; or an address), and a placement group strategy for their
+      actors (None: each scheduled on its own resources). `close()` ends the actors (and the
+      group) it made, never a cluster it did not start.
 
     Every argument is checked at construction (`EngineOptions`); a bad one raises `ConfigError`
     naming it.
@@ -151,6 +157,8 @@ class Engine:
         mode: Literal["routed", "standard", "lockstep"] = "routed",
         stop_timeout: float = 30.0,
         auto_batching: AutoBatchingOptions | Mapping | None = None,
+        ray_address: str | None = None,
+        placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = None,
     ):
         if models is None:
             policy = RStitch(tau=0.03) if policy is None else policy
@@ -184,7 +192,8 @@ class Engine:
         try:
             self.options = EngineOptions.model_validate(
                 dict(num_threads=num_threads, delayed_batching=delayed_batching, batch_wait_s=batch_wait_s,
-                     mode=mode, stop_timeout=stop_timeout, auto_batching=auto_batching),
+                     mode=mode, stop_timeout=stop_timeout, auto_batching=auto_batching, ray_address=ray_address,
+                     placement_strategy=placement_strategy),
                 context={"models": list(self.specs)},
             )  # fmt: skip
         except ValidationError as e:
@@ -196,6 +205,9 @@ class Engine:
         self.auto_batching = self.options.delayed_batching == "auto"
         self.batch_min = self.options.batch_min(list(self.specs))
         self.policy = policy
+        self.placed = [name for name, spec in self.specs.items() if spec.placement is not None]
+        self._check_placement()
+        self._fleet = None  # with placed models: the actors and the order of their events (distributed/)
         self._share: CoreShare | None = None  # workers on CPU: their turns and compute thread
         self.loaded: dict[str, LoadedModel] = {}
         self.workers: dict[str, WorkerThread] = {}
@@ -220,6 +232,20 @@ class Engine:
                 in_flight=lambda: len(self._requests),
             )
 
+    def _check_placement(self) -> None:
+        """Ray options need a placed model; placed models need Ray, and their own stepping threads."""
+        if not self.placed:
+            for name in ("ray_address", "placement_strategy"):
+                if getattr(self.options, name) is not None:
+                    raise ConfigError(f"{name}: no model has a placement (ModelSpec(placement=RayPlacement(...)))")
+            return
+        from .distributed.ray_runtime import ray_installed
+
+        if not ray_installed():
+            raise ConfigError(f"models[{self.placed[0]!r}].placement: needs Ray: pip install 'tokenrouter[ray]'")
+        if self.mode == "lockstep":
+            raise ConfigError("mode: 'lockstep' steps every model from one thread, so no model can be placed in a Ray actor")
+
     # ---- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
         await self.start()
@@ -236,20 +262,23 @@ class Engine:
         if share is not None:
             share.start()
         wake = threading.Event() if self.mode == "lockstep" else None  # one driver hears every worker
-        workers = {
-            name: WorkerThread(
-                ModelCore(name, spec, self.policy, keep_kv_on_handoff=self.mode != "standard"),
-                self._dispatch,
-                self.batch_min[name],
-                self.batch_wait_s,
-                num_threads=self.num_threads,
-                core_share=share if torch.device(spec.device).type == "cpu" else None,
-                wake=wake,
-            )
-            for name, spec in self.specs.items()
-        }
-        for worker in workers.values():
-            worker.connect(workers)
+        if self.placed:  # some models in Ray actors (distributed/)
+            workers = await self._launch_fleet(share)
+        else:
+            workers = {
+                name: WorkerThread(
+                    ModelCore(name, spec, self.policy, keep_kv_on_handoff=self.mode != "standard"),
+                    self._dispatch,
+                    self.batch_min[name],
+                    self.batch_wait_s,
+                    num_threads=self.num_threads,
+                    core_share=share if torch.device(spec.device).type == "cpu" else None,
+                    wake=wake,
+                )
+                for name, spec in self.specs.items()
+            }
+            for worker in workers.values():
+                worker.connect(workers)
         try:
             # Models load in their workers' threads, one after another to bound peak memory.
             if self.mode == "lockstep":
@@ -274,10 +303,13 @@ class Engine:
                         self._auto.profiling_failed(e)
                 if self.policy.wants_profiles and len(self.profiles) == len(self.specs):
                     self.policy.use_profiles(dict(self.profiles))
+                    if self._fleet is not None:  # the copies of the policy in the actors
+                        await anyio.to_thread.run_sync(self._fleet.use_profiles, dict(self.profiles))
         except BaseException:
             for worker in workers.values():
                 worker.stop()
             self._stop_share(timeout=self.stop_timeout)
+            await self._close_fleet(self.stop_timeout)
             self.loaded.clear()
             self.workers = {}
             raise
@@ -285,14 +317,35 @@ class Engine:
         if self._auto is not None:
             self._auto.start()  # only with every model's profile
 
+    async def _launch_fleet(self, share: CoreShare | None) -> dict:
+        """Connect to Ray and create the actors of the placed models (and the workers of the
+        others, which then talk to them): distributed/fleet.py."""
+        from .distributed import Fleet
+
+        self._fleet = Fleet(
+            self.specs, self.policy, self.options, self.batch_min, self._dispatch, lambda: len(self._requests), share
+        )
+        try:
+            return await anyio.to_thread.run_sync(self._fleet.launch)
+        except BaseException:
+            self._stop_share(timeout=self.stop_timeout)
+            await self._close_fleet(self.stop_timeout)
+            raise
+
+    async def _close_fleet(self, timeout: float) -> None:
+        if self._fleet is not None:
+            fleet, self._fleet = self._fleet, None
+            await anyio.to_thread.run_sync(fleet.close, timeout)
+
     def _stop_share(self, timeout: float) -> None:
         if self._share is not None:
             self._share.stop(timeout)
             self._share = None
 
     def _core_share(self) -> CoreShare | None:
-        """Without `num_threads`, workers on CPU take turns, each step alone on every core."""
-        on_cpu = sum(torch.device(spec.device).type == "cpu" for spec in self.specs.values())
+        """Without `num_threads`, workers on CPU take turns, each step alone on every core (those
+        in this process: a worker in a Ray actor has its own)."""
+        on_cpu = sum(torch.device(s.device).type == "cpu" and s.placement is None for s in self.specs.values())
         if self.num_threads is not None or self.mode == "lockstep" or on_cpu < 2:
             return None
         return CoreShare(usable_cores())
@@ -326,6 +379,7 @@ class Engine:
             if not await anyio.to_thread.run_sync(worker.join, left):
                 stuck.append(name)
         self._stop_share(timeout=max(0.0, deadline - time.monotonic()))
+        await self._close_fleet(timeout=max(1.0, deadline - time.monotonic()))
         self.workers.clear()
         self.loaded.clear()
         self.stuck_workers = stuck
@@ -386,7 +440,7 @@ class Engine:
                 )
         need = len(req.prompt_ids) + req.max_tokens
         for name in self.policy.models:
-            holds = self.workers[name].core.blocks.capacity_tokens
+            holds = self.workers[name].capacity_tokens
             if need > holds:
                 field = "prompt" if len(req.prompt_ids) >= holds else "max_tokens"
                 raise InvalidRequestError(
@@ -487,6 +541,8 @@ class Engine:
                 self._request_metrics.record(proc.output())
 
     def _submit(self, req: Request) -> None:
+        if self._fleet is not None:
+            self._fleet.submitted(req)
         if not self.workers[self.policy.entry_model].submit(req):
             raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
 

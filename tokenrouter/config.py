@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
 
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 
@@ -177,16 +177,89 @@ class SamplingParams(BaseModel):
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
+
+
+class RayPlacement(BaseModel):
+    """Where a model's worker runs when it is not in the caller's process: a Ray actor holding
+    these resources (docs/distributed.md). Ray schedules it on a node that has them, so a custom
+    resource that only one node offers (`ray start --resources='{"gpu_node": 1}'`) pins it there.
+
+    The actor's torch threads are the engine's `num_threads` if given, else `num_cpus` (at least
+    one): the CPUs it reserved. `runtime_env` is Ray's, merged with what the engine sets
+    (`HF_HUB_OFFLINE=1`, and `PYTHONPATH` led by the directory this tokenrouter was imported
+    from, so that actors on this machine run the caller's code)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_cpus: float = Field(1.0, ge=0.0, le=1024.0, allow_inf_nan=False, strict=True, description="CPUs the actor reserves.")
+    num_gpus: float = Field(0.0, ge=0.0, le=64.0, allow_inf_nan=False, strict=True, description="GPUs the actor reserves.")
+    resources: dict[StrictStr, float] = Field(
+        default_factory=dict, description="Custom resources the actor needs, e.g. {'node_large': 1}."
+    )
+    runtime_env: dict[StrictStr, Any] | None = Field(None, description="Ray's runtime_env for the actor.")
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if not name.strip():
+                raise ValueError("resources: a resource name must be a non-empty string")
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources: give {name!r} as num_cpus / num_gpus, not as a custom resource")
+            if isinstance(amount, bool) or not (0 < amount < float("inf")):
+                raise ValueError(f"resources: {name!r} must be a finite number > 0, got {amount!r}")
+        return v
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _amounts_are_numbers(cls, v):
+        if isinstance(v, Mapping):
+            for name, amount in v.items():
+                if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+                    raise ValueError(f"resources: {name!r} must be a number, got {type(amount).__name__}")
+        return v
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _env(cls, v: dict | None) -> dict | None:
+        env = (v or {}).get("env_vars")
+        if env is not None and (not isinstance(env, Mapping) or not all(isinstance(x, str) for kv in env.items() for x in kv)):
+            raise ValueError("runtime_env: env_vars must be a dict of str -> str")
+        return v
+
+    def actor_options(self) -> dict:
+        """The Ray actor options these resources mean (resources and runtime_env are added by the engine)."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """This actor's bundle in a placement group."""
+        out = {"CPU": self.num_cpus, **self.resources}
+        if self.num_gpus:
+            out["GPU"] = self.num_gpus
+        return {k: v for k, v in out.items() if v > 0} or {"CPU": 0.001}
+
+
 class ModelSpec(BaseModel):
     """One model and the worker that serves it.
 
     `path` is a Hugging Face model directory (config.json + safetensors + tokenizer), a `.gguf`
     file, or the name of a model in the local store (`tokenrouter models`). The KV budget is explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of
     free memory); with neither, `kv_cache_tokens` defaults to 16384.
+
+    `placement` (a `RayPlacement`) runs the model's worker in a Ray actor instead of the caller's
+    process (docs/distributed.md). Its `path` and `tokenizer` are then looked up on the node the
+    actor runs on, not here: a large model's weights need only be where its GPUs are.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # First, so that the path checks below know whether the path is local (pydantic validates
+    # fields in this order and hands the earlier ones to later validators).
+    placement: RayPlacement | None = Field(
+        None, description="None: the worker runs in the caller's process; else in a Ray actor with these resources."
+    )
     path: Path
     dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
     device: str = "cpu"
@@ -235,11 +308,14 @@ class ModelSpec(BaseModel):
 
     @field_validator("path", mode="before")
     @classmethod
-    def _store_name(cls, v):
-        """A store name ("qwen-coder-0.5b") that is not also a local path means the store's copy."""
+    def _store_name(cls, v, info: ValidationInfo):
+        """A store name ("qwen-coder-0.5b") that is not also a local path means the store's copy
+        (for a placed model, the store of the node its actor runs on: resolved there)."""
         from . import store
         from .errors import ModelLoadError
 
+        if info.data.get("placement") is not None:
+            return v
         if isinstance(v, (str, Path)) and str(v) in store.MODELS:
             try:
                 return store.locate_model(v)
@@ -249,7 +325,9 @@ class ModelSpec(BaseModel):
 
     @field_validator("path", "tokenizer")
     @classmethod
-    def _path_exists(cls, v: Path | None) -> Path | None:
+    def _path_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if info.data.get("placement") is not None:  # checked on the actor's node, when it loads
+            return v
         if v is not None and not Path(v).exists():
             from .store import MODELS
 
@@ -323,6 +401,34 @@ class EngineOptions(BaseModel):
     mode: Literal["routed", "standard", "lockstep"] = "routed"
     stop_timeout: float = Field(30.0, description="Most close() waits for the workers to stop.")
     auto_batching: AutoBatchingOptions = Field(default_factory=AutoBatchingOptions)
+    ray_address: str | None = Field(
+        None,
+        description="With placed models: the Ray cluster to use ('auto', 'host:port', 'ray://...'), or 'local' to "
+        "start one for this engine; None: the one this process is connected to, else the one `ray start` runs here.",
+    )
+    placement_strategy: PlacementStrategy | None = Field(
+        None,
+        description="Put the placed models' actors in one placement group with this strategy (STRICT_PACK: one "
+        "node; SPREAD: apart if possible); None: each actor is scheduled on its own resources.",
+    )
+
+    @field_validator("ray_address", mode="before")
+    @classmethod
+    def _address(cls, v):
+        if v is None:
+            return v
+        if not isinstance(v, str):
+            raise ValueError(f"ray_address: must be a string or None, got {type(v).__name__}")
+        if not v.strip() or any(c.isspace() for c in v):
+            raise ValueError(f"ray_address: must be 'local', 'auto', 'host:port' or 'ray://host:port', got {v!r}")
+        return v
+
+    @field_validator("placement_strategy", mode="before")
+    @classmethod
+    def _strategy(cls, v):
+        if v is not None and v not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
+            raise ValueError(f"placement_strategy: must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD', got {v!r}")
+        return v
 
     @field_validator("num_threads", mode="before")
     @classmethod

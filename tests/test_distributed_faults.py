@@ -1,0 +1,136 @@
+"""Faults with workers in Ray actors: an actor killed in the middle of a run, a worker thread
+that dies inside a live actor. The requests it held end with an error naming the worker, within
+a bounded time (the bound is a hang guard, not a measurement); its peer frees its pending
+copies; `health()` names it; new requests are refused at once; closing does not hang and leaves
+the cluster running; a new engine on the same cluster serves again; the actors' processes are
+gone once the engine has closed."""
+
+from __future__ import annotations
+
+import os
+
+import anyio
+import pytest
+import torch
+
+from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, SamplingParams
+from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.testing import load_reference_models, reference_generate
+
+from .helpers import EveryK, RemoteStepGate, wait_until
+from .ray_processes import wait_gone
+
+POLICY = EveryK(3)
+PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(6)]
+PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
+
+
+@pytest.fixture(scope="module")
+def refs(tiny_pair):
+    models = load_reference_models(tiny_pair, torch.float64)
+    return [reference_generate(POLICY, models, p, PARAMS) for p in PROMPTS]
+
+
+def _engine(pair):
+    specs = {n: ModelSpec(path=p, placement=PLACE[n], dtype="float64", kv_cache_tokens=1024, block_size=8) for n, p in pair.items()}
+    return Engine(models=specs, policy=POLICY, num_threads=1, stop_timeout=10)
+
+
+def _pid(worker) -> int:
+    return os.getpid()
+
+
+def _running_here(worker) -> bool:
+    return any(s.status is SeqStatus.RUNNING for s in worker.core.seqs.values())
+
+
+def _small_holds_nothing(engine) -> bool:
+    s = engine.stats()["small"]
+    return s.running == s.waiting == s.pending == 0 and s.kv_blocks_free == s.kv_blocks_total
+
+
+async def _generate_all(engine, rids):
+    outs = {}
+
+    async def one(i, rid):
+        outs[rid] = await engine.generate(PROMPTS[i], PARAMS, request_id=rid)
+
+    async with anyio.create_task_group() as tg:
+        for i, rid in enumerate(rids):
+            tg.start_soon(one, i, rid)
+    return outs
+
+
+def test_killing_the_large_models_actor_mid_run_fails_its_requests_and_nothing_hangs(ray_cluster, tiny_pair):
+    import ray
+
+    async def main():
+        engine = _engine(tiny_pair)
+        await engine.start()
+        pids = {name: w.inspect(_pid) for name, w in engine.workers.items()}
+        large = engine.workers["large"]
+        gate = RemoteStepGate(large, _running_here)  # freeze the large model with requests in it
+        outs = {}
+        async with anyio.create_task_group() as tg:
+
+            async def run():
+                outs.update(await _generate_all(engine, [f"r{i}" for i in range(len(PROMPTS))]))
+
+            tg.start_soon(run)
+            await gate.wait_hit()
+            ray.kill(large.handle, no_restart=True)  # the actor dies in the middle of a step
+            with anyio.fail_after(60):  # a hang guard, not a timing: the requests must end
+                while len(outs) < len(PROMPTS):
+                    await anyio.sleep(0.02)
+        for rid, out in outs.items():
+            assert out.finish_reason == "error", rid
+            assert "worker 'large' died" in out.error, out.error
+        health = engine.health()
+        assert not health.healthy and health.running
+        assert health.workers["small"] == "ok"
+        assert health.workers["large"].startswith("worker 'large' died: its Ray actor was lost")
+        await wait_until(lambda: _small_holds_nothing(engine), 30, "the small model's pending copies freed")
+        with pytest.raises(EngineNotRunningError, match="worker 'large' is not running .*died"):
+            await engine.generate(PROMPTS[0], PARAMS)  # at once, not a hang
+        with anyio.fail_after(60):
+            await engine.close()
+        assert engine.health().workers == {"small": "stopped", "large": "stopped"}
+        return pids
+
+    pids = anyio.run(main)
+    assert not wait_gone({pid: name for name, pid in pids.items()}, timeout=60), "an actor's process outlived close()"
+    assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 2  # the cluster runs on
+
+
+def _break_scheduler(worker) -> None:
+    real = worker.core.scheduler.schedule
+
+    def schedule():
+        if worker.core.seqs:  # the first time it has work, the worker's loop breaks
+            raise RuntimeError("injected: scheduler bug")
+        return real()
+
+    worker.core.scheduler.schedule = schedule
+
+
+def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails_its_requests(ray_cluster, tiny_pair, refs):
+    async def main():
+        async with _engine(tiny_pair) as engine:
+            outs = await _generate_all(engine, ["a", "b"])
+            assert [outs["a"].token_ids, outs["b"].token_ids] == [refs[0].token_ids, refs[1].token_ids]
+            assert [outs["a"].token_models, outs["b"].token_models] == [refs[0].token_models, refs[1].token_models]
+            engine.workers["large"].inspect(_break_scheduler)  # the actor lives; its stepping thread will die
+            with anyio.fail_after(60):
+                outs = await _generate_all(engine, ["c", "d", "e"])  # each moves to the large model after 3 tokens
+            for out in outs.values():
+                assert out.finish_reason == "error"
+                assert "worker 'large' died: RuntimeError: injected: scheduler bug" in out.error
+            health = engine.health()
+            assert not health.healthy and health.workers["small"] == "ok"
+            assert health.workers["large"].startswith("worker 'large' died: RuntimeError")
+            await wait_until(lambda: _small_holds_nothing(engine), 30, "the small model's pending copies freed")
+            with pytest.raises(EngineNotRunningError, match="worker 'large' is not running"):
+                await engine.generate(PROMPTS[0], PARAMS)
+
+    anyio.run(main)

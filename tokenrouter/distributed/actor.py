@@ -1,0 +1,369 @@
+"""One model's worker in a Ray actor: the same `ModelCore` and stepping thread as in one
+process, with its messages carried by Ray.
+
+The actor runs a `LinkedWorker` (a `WorkerThread`). What it receives comes in envelopes
+(`post`, one thread, in each sender's order) and goes into the worker's inbox as in one process.
+What it sends goes out once per step: hand-offs straight to the peer actors, one Ray call per
+peer; events, hand-offs for workers in the caller's process and census answers to a queue that
+the engine empties with `take`, a long poll it keeps open (one reply per poll, holding
+everything since the last one). Its Ray methods run in three thread groups, so that a poll
+waiting for events, an envelope being applied and a call for statistics never wait on each other.
+
+Requests cross processes as copies, so a flag the caller sets on its `Request` is not seen here:
+an abort is a message, remembered per (request id, incarnation) for a hand-off that arrives
+after it (it ends on arrival, as an in-process one does when it finds the flag set). Each event
+is numbered per request across workers (`wire.NumberedEvent`), the number travelling with the
+request when it moves.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import ray
+import torch
+
+from ..config import ModelSpec
+from ..engine.events import WorkerEvent
+from ..engine.model_core import ModelCore
+from ..engine.sequence import Request
+from ..errors import ConfigError, ModelLoadError
+from ..policies.base import Policy
+from . import wire
+from .in_order import InOrder
+from .linked_worker import LinkedWorker, owned_requests
+from .links import CallerLink, PeerLink
+from .model_view import ModelFacts
+
+log = logging.getLogger(__name__)
+
+TOMBSTONES = 65536  # aborts remembered for hand-offs still in transit
+
+
+@dataclass(frozen=True)
+class ActorSettings:
+    """How the engine runs this worker (what `WorkerThread` takes, and the torch threads)."""
+
+    threads: int
+    batch_min: int
+    batch_wait_s: float
+    keep_kv_on_handoff: bool
+    engine_id: str
+
+
+def on_this_node(spec: ModelSpec) -> ModelSpec:
+    """The spec with its path and tokenizer resolved and checked here, on the actor's node."""
+    fields = spec.model_dump()
+    fields["placement"] = None
+    try:
+        return ModelSpec.model_validate(fields)
+    except ValueError as e:
+        raise ModelLoadError(f"on node {os.uname().nodename}: {e}") from None
+
+
+class Tracks:
+    """Per request here: the number of its next event and its incarnation. Set when it arrives,
+    read when it leaves, dropped when it ends."""
+
+    def __init__(self):
+        self._tracks: dict[str, list[int]] = {}  # request id -> [next event number, incarnation]
+        self._lock = threading.Lock()
+
+    def arrive(self, request_id: str, n: int, inc: int) -> None:
+        with self._lock:
+            self._tracks[request_id] = [n, inc]
+
+    def number(self, events: list[WorkerEvent]) -> list[wire.NumberedEvent]:
+        out = []
+        with self._lock:
+            for ev in events:
+                track = self._tracks.get(ev.request_id)
+                if track is None:
+                    log.warning("an event of request %s, which never arrived here", ev.request_id)
+                    track = self._tracks[ev.request_id] = [0, -1]
+                out.append(wire.NumberedEvent(ev, track[0]))
+                track[0] += 1
+                if ev.finish_reason is not None:
+                    del self._tracks[ev.request_id]
+        return out
+
+    def leave(self, request_id: str) -> tuple[int, int]:
+        with self._lock:
+            track = self._tracks.pop(request_id, None)
+        return (track[0], track[1]) if track is not None else (0, -1)
+
+    def incarnation(self, request_id: str) -> int:
+        with self._lock:
+            track = self._tracks.get(request_id)
+        return track[1] if track is not None else -1
+
+
+class CallerQueue:
+    """What goes to the engine: staged during a delivery, published at its end, taken by `take`."""
+
+    def __init__(self):
+        self._cond = threading.Condition()
+        self._staged = wire.EventBatch()
+        self._ready = wire.EventBatch()
+        self._closed = False
+
+    def stage_events(self, events: list[wire.NumberedEvent]) -> None:
+        with self._cond:
+            self._staged.events.extend(events)
+
+    def stage_to_caller(self, item: wire.ToCaller) -> None:
+        with self._cond:
+            self._staged.to_caller.append(item)
+
+    def add_census(self, census: wire.Census) -> None:
+        with self._cond:
+            self._ready.census.append(census)
+            self._cond.notify_all()
+
+    def publish(self) -> None:
+        with self._cond:
+            staged, self._staged = self._staged, wire.EventBatch()
+            if staged.events or staged.to_caller:
+                self._ready.events.extend(staged.events)
+                self._ready.to_caller.extend(staged.to_caller)
+                self._cond.notify_all()
+
+    def close(self) -> None:
+        """The worker has stopped: the next take returns everything, and says so."""
+        self.publish()
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+
+    def take(self, wait_s: float) -> tuple[wire.EventBatch, bool]:
+        """Everything published so far (waiting up to `wait_s` for something), and whether the
+        worker has stopped."""
+        deadline = time.monotonic() + wait_s
+        with self._cond:
+            while not self._closed and not (self._ready.events or self._ready.to_caller or self._ready.census):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._cond.wait(left)
+            out, self._ready = self._ready, wire.EventBatch()
+            return out, self._closed
+
+
+class ActorWorker(LinkedWorker):
+    """The actor's worker: its events go to the caller's queue; when it shuts down it says so."""
+
+    def __init__(self, core: ModelCore, settings: ActorSettings, tracks: Tracks, queue: CallerQueue):
+        super().__init__(
+            core, lambda events: queue.stage_events(tracks.number(events)), settings.batch_min,
+            settings.batch_wait_s, num_threads=settings.threads, after_delivery=queue.publish,
+        )  # fmt: skip
+        self.queue = queue
+
+    def shut_down(self) -> None:
+        try:
+            super().shut_down()
+        finally:
+            self.queue.close()
+
+
+class CallerPeer:
+    """A peer in the actor's caller's process: what this worker sends it goes with its events."""
+
+    def __init__(self, name: str, tracks: Tracks, queue: CallerQueue):
+        self.name = name
+        self.tracks = tracks
+        self.queue = queue
+        self.error: str | None = None
+
+    def hand_off(self, msg, req: Request) -> bool:
+        event_seq, inc = self.tracks.leave(req.request_id)
+        self.queue.stage_to_caller(wire.ToCaller(self.name, handoff=wire.HandOff(msg, req, event_seq, inc)))
+        return True
+
+    def release(self, request_id: str) -> None:
+        self.queue.stage_to_caller(wire.ToCaller(self.name, release=request_id))
+
+    def flush(self) -> None:
+        """Nothing to send apart: it goes with the events, when the delivery publishes them."""
+
+
+@ray.remote(concurrency_groups={"post": 1, "take": 1, "control": 4})
+class WorkerActor:
+    def __init__(self, name: str, spec: ModelSpec, policy: Policy, settings: ActorSettings):
+        torch.set_num_threads(settings.threads)  # this process's default; the worker sets its own thread's too
+        self.name = name
+        self.settings = settings
+        self.sender = f"{settings.engine_id}/{name}"  # what peers see this worker's envelopes come from
+        self.tracks = Tracks()
+        self.queue = CallerQueue()
+        self.in_order = InOrder()
+        self.tombstones: OrderedDict[tuple[str, int], None] = OrderedDict()
+        self.in_flight = 0  # the engine's count of requests in flight, with every poll
+        self.peers: dict[str, object] = {}
+        self.peer_handles: dict[str, object] = {}
+        self.refusals: dict[str, CallerLink] | None = None  # to peers, for requests refused here
+        self.worker: ActorWorker | None = None
+        self.setup_error: Exception | None = None
+        self.policy = policy
+        policy.use_in_flight(lambda: self.in_flight)  # a policy that plans by load (Speculative(k="auto"))
+        try:
+            core = ModelCore(name, on_this_node(spec), policy, keep_kv_on_handoff=settings.keep_kv_on_handoff)
+            self.worker = ActorWorker(core, settings, self.tracks, self.queue)
+        except Exception as e:  # reported by load(), with the caller's error types
+            self.setup_error = e
+
+    # ---- set-up (control) ----------------------------------------------------------------
+    @ray.method(concurrency_group="control")
+    def connect(self, peers: dict) -> None:
+        """`peers`: name -> the peer's actor handle, or None for a worker in the caller's process."""
+        self.peer_handles = {n: h for n, h in peers.items() if h is not None and n != self.name}
+        links = {
+            n: PeerLink(n, h, self.sender, self.tracks.leave) if h is not None else CallerPeer(n, self.tracks, self.queue)
+            for n, h in peers.items()
+            if n != self.name
+        }
+        self.peers = links
+        if self.worker is not None:
+            self.worker.connect_peers(links)
+
+    @ray.method(concurrency_group="control")
+    def load(self) -> ModelFacts | wire.LoadFailure:
+        """Load the model in the worker's thread and start serving; its facts for the caller."""
+        try:
+            if self.setup_error is not None:
+                raise self.setup_error
+            self.worker.start()
+            loaded = self.worker.wait_ready()
+        except Exception as e:
+            kind = "ConfigError" if isinstance(e, ConfigError) else "ModelLoadError"
+            detail = str(e) if isinstance(e, (ConfigError, ModelLoadError)) else f"{type(e).__name__}: {e}"
+            return wire.LoadFailure(kind, detail)
+        return ModelFacts.of(loaded, self.worker.capacity_tokens, self.worker.torch_threads, self.worker.host)
+
+    # ---- what arrives (post: one thread, senders' order) ---------------------------------
+    @ray.method(concurrency_group="post")
+    def post(self, env: wire.Envelope) -> None:
+        if self.worker is None:  # it never loaded: the caller is tearing it down
+            return
+        for ready in self.in_order.accept(env):
+            for item in ready.items:
+                self.apply(item)
+
+    def apply(self, item) -> None:
+        worker = self.worker
+        if isinstance(item, wire.Submit):
+            self.check_aborted(item.req, item.inc)
+            self.tracks.arrive(item.req.request_id, 0, item.inc)
+            if not worker.submit(item.req):
+                self.refuse(item.req.request_id)
+        elif isinstance(item, wire.HandOff):
+            self.check_aborted(item.req, item.inc)
+            self.tracks.arrive(item.req.request_id, item.event_seq, item.inc)
+            if not worker.hand_off(item.msg, item.req):
+                self.refuse(item.req.request_id)
+        elif isinstance(item, wire.Abort):
+            self.tombstones[(item.request_id, item.inc)] = None
+            while len(self.tombstones) > TOMBSTONES:
+                self.tombstones.popitem(last=False)
+            worker.abort(item.request_id)
+        elif isinstance(item, wire.Release):
+            worker.release(item.request_id)
+        elif isinstance(item, wire.Stop):
+            worker.stop()
+        elif isinstance(item, wire.PeerLost):
+            self.peer_lost(item.name, item.error)
+
+    def check_aborted(self, req: Request, inc: int) -> None:
+        """An abort of this incarnation came first: the request ends when it arrives."""
+        if (req.request_id, inc) in self.tombstones:
+            req.aborted = True
+
+    def refuse(self, request_id: str) -> None:
+        """The worker has stopped or died, so a request arriving now ends here (the sender's
+        pending copy is released): in one process the sender would have seen the closed inbox."""
+        worker = self.worker
+        reason = "error" if worker.error is not None else "abort"
+        ev = WorkerEvent(request_id, [], self.name, finish_reason=reason, error=worker.error)
+        self.queue.stage_events(self.tracks.number([ev]))
+        for name, peer in self.peers.items():
+            if isinstance(peer, CallerPeer):
+                self.queue.stage_to_caller(wire.ToCaller(name, release=request_id))
+        if self.peer_handles:
+            if self.refusals is None:
+                self.refusals = {n: CallerLink(h, f"{self.sender}/refusals") for n, h in self.peer_handles.items()}
+            for link in self.refusals.values():
+                link.send([wire.Release(request_id)])
+        self.queue.publish()
+
+    def peer_lost(self, name: str, error: str) -> None:
+        """Refuse hand-offs to a lost peer from now on; then, between steps, report what this
+        worker owns (the census that finds requests lost with the peer)."""
+        peer = self.peers.get(name)
+        if isinstance(peer, PeerLink):
+            peer.lost(error)
+        future = self.worker.call(owned_requests)
+        future.add_done_callback(
+            lambda f: self.queue.add_census(wire.Census(name, f.result() if f.exception() is None else []))
+        )
+
+    # ---- what goes to the caller ---------------------------------------------------------
+    @ray.method(concurrency_group="take")
+    def take(self, in_flight: int, wait_s: float) -> wire.EventBatch:
+        """Everything for the caller since the last take, waiting up to `wait_s` for something."""
+        self.in_flight = in_flight
+        batch, stopped = self.queue.take(wait_s)
+        worker = self.worker
+        batch.alive = worker.alive
+        batch.error = worker.error
+        if stopped:
+            batch.stopped = True
+            batch.stats = worker.stats()
+        return batch
+
+    # ---- calls between steps, statistics (control) ---------------------------------------
+    @ray.method(concurrency_group="control")
+    def call(self, fn):
+        """`fn(core)` in the stepping thread between steps (`WorkerThread.call`); its result."""
+        return self.worker.call(fn).result()
+
+    @ray.method(concurrency_group="control")
+    def inspect(self, fn):
+        """`fn(worker)` now, in this Ray thread, not between steps: for tests and debugging,
+        reading state (a value a step is changing may be read half-changed)."""
+        return fn(self.worker)
+
+    @ray.method(concurrency_group="control")
+    def stats(self):
+        return self.worker.stats()
+
+    @ray.method(concurrency_group="control")
+    def routing_counters(self) -> dict:
+        return self.worker.routing_counters()
+
+    @ray.method(concurrency_group="control")
+    def set_batch_min(self, b: int) -> None:
+        self.worker.set_batch_min(b)
+
+    @ray.method(concurrency_group="post")
+    def ping(self) -> None:
+        """Nothing: a round trip through the path envelopes take (measuring the transport)."""
+
+    @ray.method(concurrency_group="control")
+    def ping_peers(self, n: int) -> dict[str, float]:
+        """Median round trip to each peer actor through its envelope path, in seconds."""
+        out = {}
+        for name, handle in self.peer_handles.items():
+            ray.get(handle.ping.remote())
+            rtts = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                ray.get(handle.ping.remote())
+                rtts.append(time.perf_counter() - t0)
+            out[name] = statistics.median(rtts)
+        return out

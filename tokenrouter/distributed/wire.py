@@ -1,0 +1,122 @@
+"""What crosses between processes when workers live in Ray actors: plain dataclasses.
+
+Everything a worker receives travels in an `Envelope`, one per sender per delivery (a step's
+hand-offs and releases to one peer go together), numbered per sender so that the receiver
+applies them in the order they were sent whatever order the transport keeps. Everything a worker
+sends its caller (the engine) travels in one `EventBatch` per `take`: the events of the steps
+since the last one, each numbered per request (`NumberedEvent`), so that the engine can put the
+events of a request that moved between workers back in the order they were written; hand-offs
+to a worker in the caller's own process; and the answers to a census after a peer was lost.
+
+A request is known by its id and its incarnation (`inc`): the engine numbers each submission, so
+that an abort of one request can never end a later one that reuses its id.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.events import WorkerEvent, WorkerStats
+from ..engine.sequence import Request
+from ..policies.base import PeerMessage
+
+
+@dataclass(frozen=True)
+class Submit:
+    """A new request for its entry model."""
+
+    req: Request
+    inc: int
+
+
+@dataclass(frozen=True)
+class HandOff:
+    """A request moving to this worker, with the number its next event takes (the events it had
+    so far, on every worker)."""
+
+    msg: PeerMessage
+    req: Request
+    event_seq: int
+    inc: int
+
+
+@dataclass(frozen=True)
+class Abort:
+    """The caller ends a request (this incarnation of it), wherever it is; one that arrives later
+    is ended on arrival."""
+
+    request_id: str
+    inc: int
+
+
+@dataclass(frozen=True)
+class Release:
+    """Drop the pending copy of a request that ended elsewhere."""
+
+    request_id: str
+
+
+@dataclass(frozen=True)
+class Stop:
+    """End what is still here, then stop."""
+
+
+@dataclass(frozen=True)
+class PeerLost:
+    """A peer's actor is gone: refuse hand-offs to it from now on, and report the requests this
+    worker owns (the census that finds requests lost with the peer)."""
+
+    name: str
+    error: str
+
+
+Item = Submit | HandOff | Abort | Release | Stop | PeerLost
+
+
+@dataclass(frozen=True)
+class Envelope:
+    sender: str  # unique per sending side (an engine, or a peer worker)
+    seq: int  # 1, 2, ... per sender
+    items: list
+
+
+@dataclass(frozen=True)
+class NumberedEvent:
+    event: WorkerEvent
+    n: int  # the event's place among its request's events, counted over every worker
+
+
+@dataclass(frozen=True)
+class ToCaller:
+    """A hand-off (or a release) for a worker in the caller's process."""
+
+    target: str
+    handoff: HandOff | None = None
+    release: str | None = None
+
+
+@dataclass(frozen=True)
+class Census:
+    """After `lost` went: the requests this worker owns (running or waiting, not pending)."""
+
+    lost: str
+    owned: list[str]
+
+
+@dataclass
+class EventBatch:
+    events: list[NumberedEvent] = field(default_factory=list)
+    to_caller: list[ToCaller] = field(default_factory=list)
+    census: list[Census] = field(default_factory=list)
+    alive: bool = True  # the worker's stepping thread runs
+    error: str | None = None  # why it died
+    stopped: bool = False  # it has stopped and everything it had is in this batch
+    stats: WorkerStats | None = None  # its last statistics, with `stopped`
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """Loading failed on the actor's node: the error's kind and message, raised again by the caller."""
+
+    kind: str  # "ConfigError" or "ModelLoadError"
+    message: str
