@@ -288,6 +288,8 @@ class Engine:
                     worker.start()
                 self.loaded[name] = await anyio.to_thread.run_sync(worker.wait_ready)
             self.workers = workers
+            if self._fleet is not None:  # the transport between workers in other processes, once all loaded
+                await anyio.to_thread.run_sync(self._fleet.measure_links)
             self._check_tokenizers()
             entry = self.loaded[self.policy.entry_model]
             eos = frozenset().union(*(self.loaded[m].eos_token_ids for m in self.policy.models))

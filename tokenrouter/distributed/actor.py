@@ -248,10 +248,11 @@ class WorkerActor:
 
     # ---- what arrives (post: one thread, senders' order) ---------------------------------
     @ray.method(concurrency_group="post")
-    def post(self, env: wire.Envelope) -> None:
+    def post(self, data: bytes) -> None:
+        """An envelope (`wire.dumps`) from the caller or a peer."""
         if self.worker is None:  # it never loaded: the caller is tearing it down
             return
-        for ready in self.in_order.accept(env):
+        for ready in self.in_order.accept(wire.loads(data)):
             for item in ready.items:
                 self.apply(item)
 
@@ -314,8 +315,9 @@ class WorkerActor:
 
     # ---- what goes to the caller ---------------------------------------------------------
     @ray.method(concurrency_group="take")
-    def take(self, in_flight: int, wait_s: float) -> wire.EventBatch:
-        """Everything for the caller since the last take, waiting up to `wait_s` for something."""
+    def take(self, in_flight: int, wait_s: float) -> bytes:
+        """Everything for the caller since the last take (a `wire.EventBatch`, as `wire.dumps`),
+        waiting up to `wait_s` for something."""
         self.in_flight = in_flight
         batch, stopped = self.queue.take(wait_s)
         worker = self.worker
@@ -324,7 +326,7 @@ class WorkerActor:
         if stopped:
             batch.stopped = True
             batch.stats = worker.stats()
-        return batch
+        return wire.dumps(batch)
 
     # ---- calls between steps, statistics (control) ---------------------------------------
     @ray.method(concurrency_group="control")

@@ -3,8 +3,9 @@ back in order, and what happens when an actor is lost.
 
 **Launch.** Every model with a `placement` gets a `WorkerActor` (in one placement group when
 the engine has a `placement_strategy`), the others a `LinkedWorker` in this process as usual;
-each is told its peers (an actor's handle, or "in the caller's process"), and the hand-off
-delay between them is measured (half the median round trip through the envelope path).
+each is told its peers (an actor's handle, or "in the caller's process"). Once all have loaded,
+the hand-off delay between them is measured (half the median round trip through the envelope
+path; `measure_links`).
 
 **Order.** Each worker numbers the events it writes for a request, continuing from the number
 the request brought when it arrived (`wire.NumberedEvent`), so the fleet delivers every
@@ -167,7 +168,6 @@ class Fleet:
                     for n, w in self.workers.items()
                 }
             )
-        self._measure_links()
         return dict(self.workers)
 
     def _runtime_env(self, given: dict | None) -> dict:
@@ -205,9 +205,10 @@ class Fleet:
                 f"placement_strategy: STRICT_SPREAD needs a node of its own for each of {list(needs.values())} (nodes: {shown})"
             )
 
-    def _measure_links(self) -> None:
+    def measure_links(self) -> None:
         """Round trips: between actors through the envelope path, and from here to each actor.
-        Each worker's hand-off delay is half its median round trip to its peers."""
+        Each worker's hand-off delay is half its median round trip to its peers. Once every
+        model has loaded (a loading thread holding the GIL would stretch them)."""
         ray = self.ray
         rtt: dict[str, dict[str, float]] = {name: {} for name in self.specs}
         pings = {name: h.ping_peers.remote(PING_ROUNDS) for name, h in self.handles.items()}
@@ -225,12 +226,9 @@ class Fleet:
             rtt.setdefault("caller", {})[name] = statistics.median(samples)
         self.link_rtt_s = rtt
         for name, worker in self.workers.items():
-            peers = [v for peer, v in rtt.get(name, {}).items() if peer in self.workers and peer != name]
-            delay = statistics.mean(peers) / 2 if peers else 0.0
-            if isinstance(worker, RemoteWorker):
-                worker.handoff_delay_s = delay
-            else:
-                worker.handoff_delay_s = delay  # an instance attribute, over WorkerThread's 0
+            worker.peer_rtt_s = {peer: v for peer, v in rtt.get(name, {}).items() if peer != name}
+            peers = [v for peer, v in worker.peer_rtt_s.items() if peer in self.workers]
+            worker.handoff_delay_s = statistics.mean(peers) / 2 if peers else 0.0  # over WorkerThread's 0
 
     # ---- requests ---------------------------------------------------------------------------
     def submitted(self, req: Request) -> None:

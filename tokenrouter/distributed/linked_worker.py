@@ -25,6 +25,7 @@ class LinkedWorker(WorkerThread):
         self.links: list = []  # the peers whose messages are buffered per delivery
         self.after_delivery = after_delivery
         self.time_transport = 0.0
+        self.peer_rtt_s: dict[str, float] = {}  # round trips to peers in other processes, measured at start
 
     def connect_peers(self, peers: dict) -> None:
         """`peers`: name -> an in-process worker, a `PeerLink`, or anything with `hand_off`,

@@ -30,7 +30,7 @@ class CallerLink:
 
     def send(self, items: list) -> None:
         with self._lock:  # numbered and handed to Ray in one order
-            self.handle.post.remote(wire.Envelope(self.sender, next(self._seq), items))
+            self.handle.post.remote(wire.dumps(wire.Envelope(self.sender, next(self._seq), items)))
 
 
 class PeerLink:

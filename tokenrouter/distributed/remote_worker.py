@@ -49,6 +49,7 @@ class RemoteWorker:
         self.facts = None  # ModelFacts, once loaded
         self.host: str | None = None
         self.handoff_delay_s = 0.0  # measured by the fleet at start (half a round trip to the peers)
+        self.peer_rtt_s: dict[str, float] = {}  # those round trips, per peer (and "caller")
         self.last_stats: WorkerStats | None = None
         self._thread_alive = True  # the actor's stepping thread, as the last poll said
         self._ready_ref = None
@@ -181,7 +182,7 @@ class RemoteWorker:
         try:
             while True:
                 try:
-                    batch = ray.get(self.handle.take.remote(self.fleet.in_flight(), TAKE_WAIT_S))
+                    batch = wire.loads(ray.get(self.handle.take.remote(self.fleet.in_flight(), TAKE_WAIT_S)))
                 except ray.exceptions.ActorUnavailableError:  # a connection lost for now, not the actor
                     self._stopped.wait(0.1)
                     continue

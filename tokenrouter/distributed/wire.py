@@ -10,10 +10,15 @@ to a worker in the caller's own process; and the answers to a census after a pee
 
 A request is known by its id and its incarnation (`inc`): the engine numbers each submission, so
 that an abort of one request can never end a later one that reuses its id.
+
+Envelopes and batches cross as bytes from `dumps` (the standard pickle; cloudpickle only for
+what it cannot take): Ray's own serializer, made for arbitrary objects, took ~1 ms for an
+envelope of 16 hand-offs that pickle writes in 0.1 ms (docs/distributed.md has the numbers).
 """
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 
 from ..engine.events import WorkerEvent, WorkerStats
@@ -120,3 +125,16 @@ class LoadFailure:
 
     kind: str  # "ConfigError" or "ModelLoadError"
     message: str
+
+
+def dumps(obj) -> bytes:
+    try:
+        return pickle.dumps(obj, protocol=5)
+    except (pickle.PicklingError, AttributeError, TypeError):  # e.g. a policy field holding a lambda
+        from ray import cloudpickle
+
+        return cloudpickle.dumps(obj, protocol=5)
+
+
+def loads(data: bytes):
+    return pickle.loads(data)
