@@ -2,9 +2,9 @@
 process, with its messages carried by Ray.
 
 The actor runs a `LinkedWorker` (a `WorkerThread`). What it receives comes in envelopes
-(`post`, one thread, in each sender's order) and goes into the worker's inbox as in one process.
-What it sends goes out once per step: hand-offs straight to the peer actors, one Ray call per
-peer; events, hand-offs for workers in the caller's process and census answers to a queue that
+(by Ray, `post`, or on a peer's direct channel, `channel.py`; applied one at a time, in each
+sender's order) and goes into the worker's inbox as in one process. What it sends goes out once
+per step: hand-offs straight to the peer actors, one frame (or Ray call) per peer; events, hand-offs for workers in the caller's process and census answers to a queue that
 the engine empties with `take`, a long poll it keeps open (one reply per poll, holding
 everything since the last one). Its Ray methods run in three thread groups, so that a poll
 waiting for events, an envelope being applied and a call for statistics never wait on each other.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import statistics
 import threading
 import time
@@ -36,6 +37,7 @@ from ..engine.sequence import Request
 from ..errors import ConfigError, ModelLoadError
 from ..policies.base import Policy
 from . import wire
+from .channel import Channel, ChannelServer
 from .in_order import InOrder
 from .linked_worker import LinkedWorker, owned_requests
 from .links import CallerLink, PeerLink
@@ -55,6 +57,7 @@ class ActorSettings:
     batch_wait_s: float
     keep_kv_on_handoff: bool
     engine_id: str
+    secret: bytes  # what a peer's hand-off channel must present (channel.py)
 
 
 def on_this_node(spec: ModelSpec) -> ModelSpec:
@@ -210,6 +213,9 @@ class WorkerActor:
         self.refusals: dict[str, CallerLink] | None = None  # to peers, for requests refused here
         self.worker: ActorWorker | None = None
         self.setup_error: Exception | None = None
+        self.post_lock = threading.Lock()  # envelopes by Ray and by the channel, applied one at a time
+        self.pongs: dict[int, threading.Event] = {}  # pings to peers waiting for their answer
+        self.server = ChannelServer(ray.util.get_node_ip_address(), settings.secret, self.receive)
         self.policy = policy
         policy.use_in_flight(lambda: self.in_flight)  # a policy that plans by load (Speculative(k="auto"))
         try:
@@ -220,12 +226,20 @@ class WorkerActor:
 
     # ---- set-up (control) ----------------------------------------------------------------
     @ray.method(concurrency_group="control")
+    def channel_address(self) -> tuple[str, int]:
+        """Where peers connect their hand-off channels to this worker."""
+        return self.server.address
+
+    @ray.method(concurrency_group="control")
     def connect(self, peers: dict) -> None:
-        """`peers`: name -> the peer's actor handle, or None for a worker in the caller's process."""
-        self.peer_handles = {n: h for n, h in peers.items() if h is not None and n != self.name}
+        """`peers`: name -> (the peer's actor handle, its channel address), or None for a worker
+        in the caller's process."""
+        self.peer_handles = {n: p[0] for n, p in peers.items() if p is not None and n != self.name}
         links = {
-            n: PeerLink(n, h, self.sender, self.tracks.leave) if h is not None else CallerPeer(n, self.tracks, self.queue)
-            for n, h in peers.items()
+            n: PeerLink(n, p[0], self.sender, self.tracks.leave, Channel(p[1], self.settings.secret))
+            if p is not None
+            else CallerPeer(n, self.tracks, self.queue)
+            for n, p in peers.items()
             if n != self.name
         }
         self.peers = links
@@ -249,12 +263,17 @@ class WorkerActor:
     # ---- what arrives (post: one thread, senders' order) ---------------------------------
     @ray.method(concurrency_group="post")
     def post(self, data: bytes) -> None:
-        """An envelope (`wire.dumps`) from the caller or a peer."""
+        """An envelope (`wire.dumps`) from the caller or a peer, by Ray."""
+        self.receive(data)
+
+    def receive(self, data: bytes) -> None:
+        """An envelope, by Ray or by a peer's channel: applied in its sender's order."""
         if self.worker is None:  # it never loaded: the caller is tearing it down
             return
-        for ready in self.in_order.accept(wire.loads(data)):
-            for item in ready.items:
-                self.apply(item)
+        with self.post_lock:
+            for ready in self.in_order.accept(wire.loads(data)):
+                for item in ready.items:
+                    self.apply(item)
 
     def apply(self, item) -> None:
         worker = self.worker
@@ -279,6 +298,14 @@ class WorkerActor:
             worker.stop()
         elif isinstance(item, wire.PeerLost):
             self.peer_lost(item.name, item.error)
+        elif isinstance(item, wire.Ping):
+            peer = self.peers.get(item.source)
+            if isinstance(peer, PeerLink):
+                peer.link.send([wire.Pong(item.token)])
+        elif isinstance(item, wire.Pong):
+            waiting = self.pongs.get(item.token)
+            if waiting is not None:
+                waiting.set()
 
     def check_aborted(self, req: Request, inc: int) -> None:
         """An abort of this incarnation came first: the request ends when it arrives."""
@@ -354,18 +381,25 @@ class WorkerActor:
 
     @ray.method(concurrency_group="post")
     def ping(self) -> None:
-        """Nothing: a round trip through the path envelopes take (measuring the transport)."""
+        """Nothing: a round trip by Ray call (the caller's line to this worker)."""
 
     @ray.method(concurrency_group="control")
     def ping_peers(self, n: int) -> dict[str, float]:
-        """Median round trip to each peer actor through its envelope path, in seconds."""
+        """Median round trip to each peer actor on the path hand-offs take (its channel, or Ray
+        calls), a `Ping` there and its `Pong` back, in seconds."""
         out = {}
-        for name, handle in self.peer_handles.items():
-            ray.get(handle.ping.remote())
+        for name, peer in self.peers.items():
+            if not isinstance(peer, PeerLink):
+                continue
             rtts = []
-            for _ in range(n):
+            for i in range(n + 1):
+                token = random.getrandbits(62)
+                done = self.pongs[token] = threading.Event()
                 t0 = time.perf_counter()
-                ray.get(handle.ping.remote())
-                rtts.append(time.perf_counter() - t0)
-            out[name] = statistics.median(rtts)
+                peer.link.send([wire.Ping(self.name, token)])
+                answered = done.wait(10.0)
+                del self.pongs[token]
+                if answered and i > 0:  # the first warms the line up
+                    rtts.append(time.perf_counter() - t0)
+            out[name] = statistics.median(rtts) if rtts else float("nan")
         return out

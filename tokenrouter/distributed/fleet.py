@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import secrets
 import statistics
 import threading
 import time
@@ -43,6 +44,7 @@ from ..engine.sequence import Request
 from ..errors import ConfigError, InvalidRequestError
 from ..policies.base import Policy
 from . import ray_runtime, wire
+from .channel import Channel
 from .linked_worker import LinkedWorker, owned_requests
 from .links import PeerLink
 from .remote_worker import RemoteWorker
@@ -93,6 +95,7 @@ class Fleet:
         self.in_flight = in_flight
         self.core_share = core_share
         self.engine_id = f"tokenrouter-{uuid.uuid4().hex[:8]}"
+        self.secret = secrets.token_bytes(16)  # the hand-off channels' (channel.py)
         self.placed = [n for n, s in self.specs.items() if s.placement is not None]
         self.ray = None
         self.group = None  # the placement group this fleet made
@@ -135,7 +138,9 @@ class Fleet:
         for i, name in enumerate(self.placed):
             place = self.specs[name].placement
             threads = self.options.num_threads or max(1, round(place.num_cpus))
-            settings = ActorSettings(threads, self.batch_min[name], self.options.batch_wait_s, keep_kv, self.engine_id)
+            settings = ActorSettings(
+                threads, self.batch_min[name], self.options.batch_wait_s, keep_kv, self.engine_id, self.secret
+            )
             opts = dict(place.actor_options(), runtime_env=self._runtime_env(place.runtime_env), max_restarts=0)
             opts["name"] = f"{self.engine_id}-{name}"
             if self.group is not None:
@@ -159,12 +164,16 @@ class Fleet:
                 core_share=core_share,
             )  # fmt: skip
         self.workers = {name: self.remote.get(name) or self.local[name] for name in self.specs}
-        peers = {name: self.handles.get(name) for name in self.specs}  # None: in the caller's process
+        names = list(self.handles)
+        addresses = dict(zip(names, ray.get([self.handles[n].channel_address.remote() for n in names])))
+        peers = {n: (self.handles[n], addresses[n]) if n in self.handles else None for n in self.specs}  # None: here
         ray.get([h.connect.remote(peers) for h in self.handles.values()])
         for name, worker in self.local.items():
             worker.connect_peers(
                 {
-                    n: PeerLink(n, self.handles[n], f"{self.engine_id}/{name}", self.leave) if n in self.handles else w
+                    n: PeerLink(n, self.handles[n], f"{self.engine_id}/{name}", self.leave, Channel(addresses[n], self.secret))
+                    if n in self.handles
+                    else w
                     for n, w in self.workers.items()
                 }
             )
@@ -424,6 +433,9 @@ class Fleet:
             except Exception as e:
                 log.warning("removing the placement group: %s", e)
             self.group = None
+        for worker in self.local.values():
+            for link in worker.links:
+                link.link.close()
         self.handles.clear()
         self._connected = False
         ray_runtime.release()

@@ -75,7 +75,20 @@ class PeerLost:
     error: str
 
 
-Item = Submit | HandOff | Abort | Release | Stop | PeerLost
+@dataclass(frozen=True)
+class Ping:
+    """Answer with `Pong(token)` on the line back to `source` (measuring the transport)."""
+
+    source: str
+    token: int
+
+
+@dataclass(frozen=True)
+class Pong:
+    token: int
+
+
+Item = Submit | HandOff | Abort | Release | Stop | PeerLost | Ping | Pong
 
 
 @dataclass(frozen=True)
