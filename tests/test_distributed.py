@@ -5,14 +5,19 @@ The same API as in one process: routed greedy output equals the in-process engin
 reference (tokens and writers) under 16 concurrent requests, streaming, asyncio and trio
 callers, statistics and health from the actors; a learned router's weights travel to the actor
 and its policy runs there, with the small model in the caller's process and the large one in an
-actor; placement that the cluster cannot hold fails at start, naming what is missing, with no
-actor left waiting."""
+actor; delayed_batching="auto" profiles each model in its actor and counts the measured hand-off
+delay; placement that the cluster cannot hold fails at start, naming what is missing, with no
+actor left waiting; ray_address="local" starts Ray for the engine and stops it at close."""
 
 from __future__ import annotations
 
+import json
+import os
 import random
 import subprocess
 import sys
+import textwrap
+from pathlib import Path
 
 import anyio
 import pytest
@@ -45,12 +50,24 @@ def specs(pair, placed=("small", "large"), **kw):
 
 
 @pytest.fixture(scope="module")
-def engine(ray_cluster, tiny_pair):
-    """Both models in actors, on their own nodes, in one STRICT_SPREAD placement group."""
-    e = Engine(models=specs(tiny_pair), policy=POLICY, num_threads=1, placement_strategy="STRICT_SPREAD")
-    anyio.run(e.start)
-    yield e
-    anyio.run(e.close)
+def engine(ray_cluster, tiny_pair, tmp_path_factory):
+    """Both models in actors, on their own nodes, in one STRICT_SPREAD placement group, with
+    delayed_batching="auto" (each model profiled in its actor; the profiles cached here)."""
+    home = os.environ.get("TOKENROUTER_HOME")
+    os.environ["TOKENROUTER_HOME"] = str(tmp_path_factory.mktemp("home"))
+    e = Engine(
+        models=specs(tiny_pair), policy=POLICY, num_threads=1, placement_strategy="STRICT_SPREAD",
+        delayed_batching="auto", auto_batching={"interval_s": 0.2},
+    )  # fmt: skip
+    try:
+        anyio.run(e.start)
+        yield e
+        anyio.run(e.close)
+    finally:
+        if home is None:
+            os.environ.pop("TOKENROUTER_HOME", None)
+        else:
+            os.environ["TOKENROUTER_HOME"] = home
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +143,17 @@ def test_stats_metrics_and_measured_transport(engine):
     assert engine.workers["small"].host == engine.workers["large"].host  # two Ray nodes, one machine
 
 
+def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_delay(engine):
+    assert {p.measured_in_thread for p in engine.profiles.values()} == {"tokenrouter-worker-small", "tokenrouter-worker-large"}
+    prompts = _prompts(8, seed=31)
+    anyio.run(generate_all, engine, prompts, PARAMS)  # traffic for the controller to observe
+    prediction = engine.throughput_prediction(refresh=True)
+    assert set(prediction.batch_min) == {"small", "large"} and prediction.tokens_per_s > 0
+    delay = sum(w.handoff_delay_s for w in engine.workers.values()) / 2
+    assert prediction.handoff_delay_s == delay > 0 and prediction.in_transit > 0
+    anyio.run(wait_all_free, engine)
+
+
 def test_a_learned_router_travels_to_its_actor_with_the_small_model_in_process(ray_cluster, tiny_pair, ref_models):
     """CITER's router (weights and all) is sent to the actors once; the small model stays in the
     caller's process and hands off to the large one in an actor; the output is the reference's."""
@@ -174,3 +202,38 @@ def test_importing_tokenrouter_does_not_import_ray():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stdout.strip() == "False"
+
+
+LOCAL_RAY = textwrap.dedent(
+    """
+    import json, sys, anyio, torch, ray
+    torch.set_num_threads(1)
+    from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
+    sys.path.insert(0, sys.argv[2])
+    from tests.ray_processes import descendants, wait_gone
+
+    async def main():
+        spec = ModelSpec(path=sys.argv[1], dtype="float64", kv_cache_tokens=256, placement=RayPlacement())
+        async with Engine(models={"m": spec}, num_threads=1, ray_address="local") as e:
+            out = await e.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
+            started = descendants()
+        left = wait_gone(started, 60)
+        print(json.dumps({"tokens": out.token_ids, "connected": ray.is_initialized(), "started": len(started), "left": left}))
+
+    anyio.run(main)
+    """
+)
+
+
+def test_ray_address_local_starts_ray_for_the_engine_and_stops_it_at_close(tiny_model):
+    """In a process of its own (this one is connected to the test cluster): the engine starts a
+    Ray instance, serves from an actor, and at close stops it, with every process it started."""
+    root = str(Path(__file__).resolve().parents[1])
+    env = dict(os.environ, PYTHONPATH=root, RAY_ADDRESS="")
+    done = subprocess.run(
+        [sys.executable, "-c", LOCAL_RAY, str(tiny_model), root], capture_output=True, text=True, timeout=300, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(report["tokens"]) == 4
+    assert not report["connected"] and report["started"] > 0 and report["left"] == {}, report
