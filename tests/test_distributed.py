@@ -154,6 +154,44 @@ def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_de
     anyio.run(wait_all_free, engine)
 
 
+def _channels_off(worker) -> None:
+    """Send everything by Ray calls, as when an actor cannot reach its peers' or caller's port."""
+    from tokenrouter.distributed.links import PeerLink
+
+    worker.test_channels = (worker.queue.channel, {n: p.link.channel for n, p in worker.peers.items() if isinstance(p, PeerLink)})
+    worker.queue.channel = None
+    for n in worker.test_channels[1]:
+        worker.peers[n].link.channel = None
+
+
+def _channels_on(worker) -> None:
+    worker.queue.channel, links = worker.test_channels
+    for n, channel in links.items():
+        worker.peers[n].link.channel = channel
+    del worker.test_channels
+
+
+def test_without_the_direct_channels_everything_goes_by_ray_calls_with_the_same_output(engine, ref_models):
+    prompts = _prompts(6, seed=41)
+    for worker in engine.workers.values():
+        worker.inspect(_channels_off)
+
+    async def main():
+        with anyio.fail_after(60):  # a hang guard
+            outs = await generate_all(engine, prompts, PARAMS)
+            await wait_all_free(engine)
+            return outs
+
+    try:
+        outs = anyio.run(main)
+    finally:
+        for worker in engine.workers.values():
+            worker.inspect(_channels_on)
+    for i, p in enumerate(prompts):
+        ref = reference_generate(POLICY, ref_models, p, PARAMS)
+        assert outs[i].token_ids == ref.token_ids and outs[i].token_models == ref.token_models, i
+
+
 def test_a_learned_router_travels_to_its_actor_with_the_small_model_in_process(ray_cluster, tiny_pair, ref_models):
     """CITER's router (weights and all) is sent to the actors once; the small model stays in the
     caller's process and hands off to the large one in an actor; the output is the reference's."""

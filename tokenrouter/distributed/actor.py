@@ -1,13 +1,14 @@
 """One model's worker in a Ray actor: the same `ModelCore` and stepping thread as in one
-process, with its messages carried by Ray.
+process, with its messages carried between processes.
 
 The actor runs a `LinkedWorker` (a `WorkerThread`). What it receives comes in envelopes
 (by Ray, `post`, or on a peer's direct channel, `channel.py`; applied one at a time, in each
 sender's order) and goes into the worker's inbox as in one process. What it sends goes out once
-per step: hand-offs straight to the peer actors, one frame (or Ray call) per peer; events, hand-offs for workers in the caller's process and census answers to a queue that
-the engine empties with `take`, a long poll it keeps open (one reply per poll, holding
-everything since the last one). Its Ray methods run in three thread groups, so that a poll
-waiting for events, an envelope being applied and a call for statistics never wait on each other.
+per step: hand-offs straight to the peer actors, one frame (or Ray call) per peer; events,
+hand-offs for workers in the caller's process and census answers in one batch to the caller, on
+its direct channel (else kept for `take`, the long poll the caller keeps open, which is also
+how the caller learns that the actor died). Its Ray methods run in three thread groups, so that
+a poll, an envelope being applied and a call for statistics never wait on each other.
 
 Requests cross processes as copies, so a flag the caller sets on its `Request` is not seen here:
 an abort is a message, remembered per (request id, incarnation) for a hand-off that arrives
@@ -108,13 +109,19 @@ class Tracks:
 
 
 class CallerQueue:
-    """What goes to the engine: staged during a delivery, published at its end, taken by `take`."""
+    """What goes to the engine: staged during a delivery and sent at its end, one batch a step,
+    on the direct channel to the caller (`channel.py`) when there is one that works; else kept
+    for the caller's next `take`, a Ray call."""
 
-    def __init__(self):
+    def __init__(self, source: str):
+        self.source = source
+        self.channel: Channel | None = None
         self._cond = threading.Condition()
-        self._staged = wire.EventBatch()
-        self._ready = wire.EventBatch()
-        self._closed = False
+        self._send_lock = threading.Lock()  # batches leave in the order they were made
+        self._staged = wire.EventBatch(source=source)
+        self._ready = wire.EventBatch(source=source)
+        self._closed = False  # the worker has stopped
+        self._final_sent = False  # ... and its last batch went on the channel
 
     def stage_events(self, events: list[wire.NumberedEvent]) -> None:
         with self._cond:
@@ -126,27 +133,50 @@ class CallerQueue:
 
     def add_census(self, census: wire.Census) -> None:
         with self._cond:
-            self._ready.census.append(census)
-            self._cond.notify_all()
+            self._staged.census.append(census)
+        self.publish()
 
-    def publish(self) -> None:
-        with self._cond:
-            staged, self._staged = self._staged, wire.EventBatch()
-            if staged.events or staged.to_caller:
-                self._ready.events.extend(staged.events)
-                self._ready.to_caller.extend(staged.to_caller)
+    def publish(self, final: wire.EventBatch | None = None) -> None:
+        """Send what is staged (and `final`'s flags with it, once the worker has stopped)."""
+        with self._send_lock:
+            with self._cond:
+                staged, self._staged = self._staged, wire.EventBatch(source=self.source)
+                for name in ("events", "to_caller", "census"):
+                    getattr(self._ready, name).extend(getattr(staged, name))
+                empty = not (self._ready.events or self._ready.to_caller or self._ready.census)
+                if empty and final is None:
+                    return
+                if self.channel is not None and self.channel.usable:
+                    batch, self._ready = self._ready, wire.EventBatch(source=self.source)
+                else:
+                    batch = None
+            if batch is not None:
+                if final is not None:
+                    batch.alive, batch.error, batch.stopped, batch.stats = final.alive, final.error, True, final.stats
+                if self.channel.send(wire.dumps(batch)):
+                    if final is not None:
+                        self._final_sent = True
+                    return
+                with self._cond:  # the channel broke: the caller's next take gets it
+                    for name in ("events", "to_caller", "census"):
+                        getattr(batch, name).extend(getattr(self._ready, name))
+                    self._ready = batch
+                    batch.stopped, batch.stats = False, None
+            with self._cond:
                 self._cond.notify_all()
 
-    def close(self) -> None:
-        """The worker has stopped: the next take returns everything, and says so."""
-        self.publish()
+    def close(self, final: wire.EventBatch) -> None:
+        """The worker has stopped: its last batch says so (on the channel, or to the next take)."""
+        self.publish(final)
         with self._cond:
             self._closed = True
+            self._final = final
             self._cond.notify_all()
 
-    def take(self, wait_s: float) -> tuple[wire.EventBatch, bool]:
-        """Everything published so far (waiting up to `wait_s` for something), and whether the
-        worker has stopped."""
+    def take(self, wait_s: float) -> wire.EventBatch:
+        """What the channel could not carry (waiting up to `wait_s` for something); flagged
+        stopped, with the last statistics, once the worker has stopped and the channel did not
+        carry that."""
         deadline = time.monotonic() + wait_s
         with self._cond:
             while not self._closed and not (self._ready.events or self._ready.to_caller or self._ready.census):
@@ -154,8 +184,10 @@ class CallerQueue:
                 if left <= 0:
                     break
                 self._cond.wait(left)
-            out, self._ready = self._ready, wire.EventBatch()
-            return out, self._closed
+            out, self._ready = self._ready, wire.EventBatch(source=self.source)
+            if self._closed and not self._final_sent:
+                out.alive, out.error, out.stopped, out.stats = self._final.alive, self._final.error, True, self._final.stats
+            return out
 
 
 class ActorWorker(LinkedWorker):
@@ -172,7 +204,7 @@ class ActorWorker(LinkedWorker):
         try:
             super().shut_down()
         finally:
-            self.queue.close()
+            self.queue.close(wire.EventBatch(alive=False, error=self.error, stopped=True, stats=self.stats()))
 
 
 class CallerPeer:
@@ -204,7 +236,7 @@ class WorkerActor:
         self.settings = settings
         self.sender = f"{settings.engine_id}/{name}"  # what peers see this worker's envelopes come from
         self.tracks = Tracks()
-        self.queue = CallerQueue()
+        self.queue = CallerQueue(name)
         self.in_order = InOrder()
         self.tombstones: OrderedDict[tuple[str, int], None] = OrderedDict()
         self.in_flight = 0  # the engine's count of requests in flight, with every poll
@@ -231,9 +263,13 @@ class WorkerActor:
         return self.server.address
 
     @ray.method(concurrency_group="control")
-    def connect(self, peers: dict) -> None:
+    def connect(self, peers: dict, caller: tuple[str, int] | None) -> None:
         """`peers`: name -> (the peer's actor handle, its channel address), or None for a worker
-        in the caller's process."""
+        in the caller's process; `caller`: the caller's channel address, for the events."""
+        if caller is not None:
+            channel = Channel(caller, self.settings.secret)
+            if channel.usable:
+                self.queue.channel = channel
         self.peer_handles = {n: p[0] for n, p in peers.items() if p is not None and n != self.name}
         links = {
             n: PeerLink(n, p[0], self.sender, self.tracks.leave, Channel(p[1], self.settings.secret))
@@ -343,16 +379,13 @@ class WorkerActor:
     # ---- what goes to the caller ---------------------------------------------------------
     @ray.method(concurrency_group="take")
     def take(self, in_flight: int, wait_s: float) -> bytes:
-        """Everything for the caller since the last take (a `wire.EventBatch`, as `wire.dumps`),
-        waiting up to `wait_s` for something."""
+        """What the channel to the caller did not carry since the last take (a `wire.EventBatch`,
+        as `wire.dumps`), waiting up to `wait_s` for something; whether the worker lives. The
+        caller keeps one open: a take that fails is how it learns the actor is gone."""
         self.in_flight = in_flight
-        batch, stopped = self.queue.take(wait_s)
-        worker = self.worker
-        batch.alive = worker.alive
-        batch.error = worker.error
-        if stopped:
-            batch.stopped = True
-            batch.stats = worker.stats()
+        batch = self.queue.take(wait_s)
+        if not batch.stopped:
+            batch.alive, batch.error = self.worker.alive, self.worker.error
         return wire.dumps(batch)
 
     # ---- calls between steps, statistics (control) ---------------------------------------

@@ -7,6 +7,9 @@ each is told its peers (an actor's handle, or "in the caller's process"). Once a
 the hand-off delay between them is measured (half the median round trip through the envelope
 path; `measure_links`).
 
+**Events.** Each actor sends the caller a batch a step on a direct channel to this process's
+`ChannelServer` (`channel.py`; by Ray `take` if it cannot connect), handed to its `RemoteWorker`.
+
 **Order.** Each worker numbers the events it writes for a request, continuing from the number
 the request brought when it arrived (`wire.NumberedEvent`), so the fleet delivers every
 request's events to the engine in the order they were written, whichever actor's poll brings
@@ -44,7 +47,7 @@ from ..engine.sequence import Request
 from ..errors import ConfigError, InvalidRequestError
 from ..policies.base import Policy
 from . import ray_runtime, wire
-from .channel import Channel
+from .channel import Channel, ChannelServer
 from .linked_worker import LinkedWorker, owned_requests
 from .links import PeerLink
 from .remote_worker import RemoteWorker
@@ -107,6 +110,7 @@ class Fleet:
         self.lost_workers: dict[str, str] = {}
         self.censuses: dict[str, Census] = {}
         self.closing = False
+        self.server = None  # the channel server the actors send their events to
         self.link_rtt_s: dict[str, dict[str, float]] = {}  # measured at start: worker -> peer -> seconds
         self._incs = itertools.count(1)
         self._lock = threading.RLock()
@@ -167,7 +171,8 @@ class Fleet:
         names = list(self.handles)
         addresses = dict(zip(names, ray.get([self.handles[n].channel_address.remote() for n in names])))
         peers = {n: (self.handles[n], addresses[n]) if n in self.handles else None for n in self.specs}  # None: here
-        ray.get([h.connect.remote(peers) for h in self.handles.values()])
+        self.server = ChannelServer(ray.util.get_node_ip_address(), self.secret, self._on_frame)  # the actors' events
+        ray.get([h.connect.remote(peers, self.server.address) for h in self.handles.values()])
         for name, worker in self.local.items():
             worker.connect_peers(
                 {
@@ -293,6 +298,13 @@ class Fleet:
                 self._to_local(item)
             for census in batch.census:
                 self._census_reply(census.lost, name, census.owned)
+
+    def _on_frame(self, data: bytes) -> None:
+        """A batch on an actor's channel to this process."""
+        batch = wire.loads(data)
+        worker = self.remote.get(batch.source)
+        if worker is not None:
+            worker.on_batch(batch)
 
     def _add(self, track: Track, n: int, ev: WorkerEvent, out: list) -> None:
         """Hold event n of a request until its turn; deliver what is now in order."""
@@ -436,6 +448,9 @@ class Fleet:
         for worker in self.local.values():
             for link in worker.links:
                 link.link.close()
+        if self.server is not None:
+            self.server.close()
+            self.server = None
         self.handles.clear()
         self._connected = False
         ray_runtime.release()

@@ -2,9 +2,10 @@
 
 `submit`, `abort`, `release`, `hand_off` (the standard-serving baseline resends through the
 caller) and `stop` go to the actor as envelopes at once; `call`, `reset_prefix_cache`, `stats`,
-`routing_counters` and `set_batch_min` are Ray calls. A pump thread keeps one `take` open: its
-reply carries the worker's events (and hand-offs for workers in this process, census answers)
-since the last one, which it gives the fleet; then it opens the next. A `take` that fails
+`routing_counters` and `set_batch_min` are Ray calls. The worker's events (and hand-offs for workers
+in this process, census answers) come a batch a step on the actor's channel to the fleet, which
+hands them here (`on_batch`); a pump thread keeps one `take` open, whose reply carries what the
+channel could not, and whether the worker lives. A `take` that fails
 because the actor died is how the loss is seen: no timeout of ours decides it, so a slow
 network only delays the replies. The loss goes to the fleet, which fails what was there.
 """
@@ -194,18 +195,27 @@ class RemoteWorker:
                     self.lost = True
                     self.fleet.lost(self.name, f"worker {self.name!r} died: its Ray actor is out of reach ({_short(e)})")
                     return
-                self._thread_alive = batch.alive
-                if batch.error is not None:
-                    self.error = batch.error
-                if batch.stats is not None:
-                    self.last_stats = batch.stats
-                self.fleet.receive(self.name, batch)
-                if batch.stopped:
-                    if not self.stopping:  # its stepping thread died: for its peers, as good as lost
-                        self.fleet.lost(self.name, self.error or f"worker {self.name!r} stopped")
+                self.on_batch(batch)
+                if self._stopped.is_set():
                     return
         finally:
             self._stopped.set()
+
+    def on_batch(self, batch) -> None:
+        """A batch from the actor, by its channel (`Fleet`'s server) or by a take (the pump)."""
+        if not batch.stopped and self._stopped.is_set():
+            self.fleet.receive(self.name, batch)  # a request refused after the stop: its end
+            return
+        self._thread_alive = batch.alive
+        if batch.error is not None:
+            self.error = batch.error
+        if batch.stats is not None:
+            self.last_stats = batch.stats
+        self.fleet.receive(self.name, batch)
+        if batch.stopped:
+            self._stopped.set()
+            if not self.stopping:  # its stepping thread died: for its peers, as good as lost
+                self.fleet.lost(self.name, self.error or f"worker {self.name!r} stopped")
 
     def mark_lost(self, error: str) -> None:
         self.lost = True

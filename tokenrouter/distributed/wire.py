@@ -123,6 +123,7 @@ class Census:
 
 @dataclass
 class EventBatch:
+    source: str = ""  # the worker it comes from
     events: list[NumberedEvent] = field(default_factory=list)
     to_caller: list[ToCaller] = field(default_factory=list)
     census: list[Census] = field(default_factory=list)
