@@ -23,6 +23,9 @@ Also measured:
   `--max-tokens` tokens, (actors - in_process) seconds / hand-offs, median over rounds;
 - how long after `ray.kill` of the large model's actor its requests end with an error.
 
+`--ray-calls` turns the actors' direct channels off (`channel.py`): hand-offs and events then go
+by Ray calls, as before the channels; the numbers the channels were measured against.
+
 Pairs: "tiny" is the tests' float64 random pair (tests/conftest.py's tiny_pair, under
 RStitch(tau=0.2)); "smollm2" is SmolLM2-135M-Instruct paired with itself (the store's copy,
 `tokenrouter.store.ensure_model("smollm2")`, float32 on CPU) under RStitch(tau=--smollm2-tau).
@@ -30,6 +33,7 @@ The load average is recorded before and after every run (this machine's two core
 with a background job at nice 19).
 
     python benchmarks/bench_distributed.py --out benchmarks/results/distributed/distributed.json
+    python benchmarks/bench_distributed.py --pairs tiny --ray-calls --no-kill --out benchmarks/results/distributed/ray_calls.json
 """
 
 from __future__ import annotations
@@ -69,6 +73,16 @@ class EveryToken(Policy):
     def route(self, result: StepResult) -> Route:
         n = len(result)
         return Route(torch.ones(n, dtype=torch.bool), torch.full((n,), 1 - result.model_index, dtype=torch.long))
+
+
+def channels_off(worker) -> None:
+    """In an actor: send hand-offs and events by Ray calls only (as without the direct channels)."""
+    from tokenrouter.distributed.links import PeerLink
+
+    worker.queue.channel = None
+    for peer in worker.peers.values():
+        if isinstance(peer, PeerLink):
+            peer.link.channel = None
 
 
 def tiny_pair(root: Path) -> dict[str, Path]:
@@ -129,7 +143,7 @@ def median(xs):
     return statistics.median(xs) if xs else None
 
 
-async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_tokens, vocab) -> dict:
+async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_tokens, vocab, ray_calls=False) -> dict:
     engines = {
         "in_process": Engine(models=specs(paths, False, dtype), policy=policy_of(), num_threads=1),
         "actors": Engine(models=specs(paths, True, dtype), policy=policy_of(), num_threads=1),
@@ -142,6 +156,12 @@ async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_
             out[f"start_s_{system}"] = time.perf_counter() - t0
         workers = engines["actors"].workers
         out["link_rtt_s"] = {n: w.peer_rtt_s for n, w in workers.items()}  # measured at start, through the envelope path
+        if ray_calls:
+            import ray
+
+            for w in workers.values():
+                w.inspect(channels_off)
+            out["link_rtt_s_ray_calls"] = {n: ray.get(w.handle.ping_peers.remote(20)) for n, w in workers.items()}
         out["handoff_delay_s"] = {n: w.handoff_delay_s for n, w in workers.items()}
         seed = 0
         for C in concurrencies:
@@ -178,7 +198,7 @@ async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_
     return out
 
 
-async def bench_handoff(paths, repeats, max_tokens, vocab) -> dict:
+async def bench_handoff(paths, repeats, max_tokens, vocab, ray_calls=False) -> dict:
     """Every token a hand-off, C = 1: the added seconds per hand-off, actors over one process."""
     engines = {
         "in_process": Engine(models=specs(paths, False, "float64"), policy=EveryToken(), num_threads=1),
@@ -188,6 +208,9 @@ async def bench_handoff(paths, repeats, max_tokens, vocab) -> dict:
     try:
         for e in engines.values():
             await e.start()
+        if ray_calls:
+            for w in engines["actors"].workers.values():
+                w.inspect(channels_off)
         for system, e in engines.items():
             await one_run(e, prompts(1, vocab, 1000), max_tokens)
         for r in range(repeats):
@@ -268,6 +291,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--smollm2-tau", type=float, default=0.25)
+    ap.add_argument("--ray-calls", action="store_true", help="actors without the direct channels: everything by Ray calls")
+    ap.add_argument("--no-kill", action="store_true", help="skip the kill measurement")
     args = ap.parse_args()
 
     import ray
@@ -294,17 +319,18 @@ def main() -> None:
             for pair in args.pairs:
                 if pair == "tiny":
                     res = anyio.run(bench_pair, "tiny", tiny, "float64", lambda: RStitch(tau=0.2),
-                                    args.concurrency, args.repeats, args.max_tokens, tiny_vocab)  # fmt: skip
+                                    args.concurrency, args.repeats, args.max_tokens, tiny_vocab, args.ray_calls)  # fmt: skip
                 else:
                     from tokenrouter import store
 
                     path = store.ensure_model("smollm2")
                     paths = {"small": path, "large": path}
                     res = anyio.run(bench_pair, "smollm2", paths, "float32", lambda: RStitch(tau=args.smollm2_tau),
-                                    args.concurrency, args.repeats, args.max_tokens, 49152)  # fmt: skip
+                                    args.concurrency, args.repeats, args.max_tokens, 49152, args.ray_calls)  # fmt: skip
                 results["pairs"].append(res)
-            results["handoff"] = anyio.run(bench_handoff, tiny, args.repeats, 64, tiny_vocab)
-            results["kill"] = anyio.run(bench_kill, tiny, tiny_vocab)
+            results["handoff"] = anyio.run(bench_handoff, tiny, args.repeats, 64, tiny_vocab, args.ray_calls)
+            if not args.no_kill:
+                results["kill"] = anyio.run(bench_kill, tiny, tiny_vocab)
     finally:
         results["machine"]["load_average_at_end"] = os.getloadavg()
         ray.shutdown()
@@ -314,7 +340,7 @@ def main() -> None:
     print(table(results))
     h = results["handoff"]
     print(f"added per hand-off: {1e3 * h['added_s_per_handoff']:.2f} ms; link round trips: {results['pairs'][0]['link_rtt_s']}")
-    print(f"kill: {results['kill']}")
+    print(f"kill: {results.get('kill')}")
 
 
 if __name__ == "__main__":
