@@ -302,6 +302,30 @@ MUTATIONS = [
         "        constrained = [r for r in rows if seqs[r].req.grammar is not None and self.name != \"large\"]\n",
         ("tests/test_structured_output.py", "-k", "always_validates"),
     ),
+    Mutation(
+        "actor-forgets-abort",
+        "with workers in Ray actors, a hand-off that arrives after its request was aborted is ended, not run",
+        "tokenrouter/distributed/actor.py",
+        "        if (req.request_id, inc) in self.tombstones:\n            req.aborted = True\n",
+        "        if (req.request_id, inc) in self.tombstones:\n            pass\n",
+        ("tests/test_distributed_cancellation.py", "-k", "handing_off"),
+    ),
+    Mutation(
+        "lost-actor-ignored",
+        "the requests of a Ray actor that is lost end with an error naming it, and nothing hangs",
+        "tokenrouter/distributed/fleet.py",
+        "            if self.closing or name in self.lost_workers:\n                return\n            log.error",
+        "            if True:\n                return\n            log.error",
+        ("tests/test_distributed_faults.py", "-k", "killing"),
+    ),
+    Mutation(
+        "ray-fallback-drops-events",
+        "without the direct channels, events reach the caller by Ray calls",
+        "tokenrouter/distributed/actor.py",
+        "            out, self._ready = self._ready, wire.EventBatch(source=self.source)\n",
+        "            out, self._ready = wire.EventBatch(source=self.source), wire.EventBatch(source=self.source)\n",
+        ("tests/test_distributed.py", "-k", "without_the_direct_channels"),
+    ),
 ]
 
 
