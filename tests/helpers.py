@@ -107,6 +107,20 @@ async def generate_all(engine, prompts, params) -> list:
     return outs
 
 
+def serve_all(specs, policy, prompts, params) -> list:
+    """An engine on `specs` under `policy` (None: Single), every prompt at once, the outputs in
+    prompt order once every KV block is free again."""
+    from tokenrouter import Engine
+
+    async def main():
+        async with Engine(models=specs, policy=policy) as e:
+            outs = await generate_all(e, prompts, params)
+            await wait_all_free(e)
+            return outs
+
+    return anyio.run(main)
+
+
 async def wait_all_free(engine, timeout: float = 60.0) -> None:
     """Wait until no worker holds any request or KV block (workers free KV asynchronously)."""
     if not await wait_free(engine, timeout):

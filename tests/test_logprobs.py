@@ -13,7 +13,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import generate_all, hf_model, wait_all_free
+from .helpers import generate_all, hf_model, serve_all, wait_all_free
 
 TOL = 1e-9
 FLOAT32_TOL = 2e-6  # generate's float32 scores: logits of a few units rounded to float32
@@ -26,13 +26,7 @@ def _specs(paths: dict, **kw) -> dict:
 
 
 def _serve(specs, prompts, params, policy=None):
-    async def main():
-        async with Engine(models=specs, policy=policy) as e:
-            outs = await generate_all(e, prompts, params)
-            await wait_all_free(e)
-            return outs
-
-    return anyio.run(main)
+    return serve_all(specs, policy, prompts, params)
 
 
 def _check(record, logprobs_row: torch.Tensor, token: int, n: int, model: str, tol: float = TOL) -> None:

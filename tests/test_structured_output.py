@@ -18,7 +18,7 @@ from tokenrouter.config import Grammar, JsonSchema, Regex
 from tokenrouter.policies import Speculative
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import EveryK, generate_all, wait_all_free
+from .helpers import EveryK, serve_all
 
 SAMPLES = 100
 
@@ -84,13 +84,7 @@ def _sampled(fmt, n=SAMPLES, max_tokens=200):
 
 
 def _serve(specs, policy, prompts, params):
-    async def main():
-        async with Engine(models=specs, policy=policy) as e:
-            outs = await generate_all(e, prompts, params)
-            await wait_all_free(e)
-            return outs
-
-    return anyio.run(main)
+    return serve_all(specs, policy, prompts, params)
 
 
 @pytest.mark.parametrize(

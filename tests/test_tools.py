@@ -18,7 +18,7 @@ from tokenrouter.prompts import chat_ids
 from tokenrouter.tools import HermesToolCallParser, check_tool_choice, normalize_tools
 
 from .conftest import TINY_PAIR_TAU
-from .helpers import EveryK, generate_all, wait_all_free
+from .helpers import EveryK, wait_all_free
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((Path(__file__).parent / "data" / "qwen25_tool_calls.json").read_text())

@@ -13,8 +13,10 @@ garbage-collected while open is closed in the background.
 
 from __future__ import annotations
 
+import queue
 import threading
 import weakref
+from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
 from functools import partial
@@ -32,7 +34,14 @@ from .prompts import Prompt
 from .tools import ToolChoice
 
 _TEXT = (str, bytes, bytearray, memoryview)
-_END = object()  # a stream's end, as a value: StopAsyncIteration does not cross the portal cleanly
+_END = object()  # a stream's end, as a value in its queue
+
+
+@dataclass
+class _Failed:
+    """A stream's error, carried through its queue to the reading thread."""
+
+    error: Exception
 
 
 class LLM:
@@ -109,18 +118,30 @@ class LLM:
         self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
     ) -> Iterator[StreamDelta]:
         """Deltas as they are written, blocking until each; the last one carries finish_reason and
-        the whole output. Leaving the loop early aborts the request and frees its KV."""
-        agen = self.engine.stream(prompt, params, request_id=request_id)
-        try:
-            while (delta := self._loop.call(_next_or_end, agen)) is not _END:
-                yield delta
-                if delta.finish_reason is not None:  # done: no call that a close could refuse
-                    return
-        finally:
+        the whole output. Leaving the loop early aborts the request and frees its KV.
+
+        A task in the engine's loop reads the stream into a queue that this thread reads, so a
+        close() racing with the reader still hands it the request's last delta ('abort'):
+        closing lets the loop's tasks finish before the loop ends."""
+        deltas: queue.SimpleQueue = queue.SimpleQueue()
+
+        async def pump() -> None:
             try:
-                self._loop.call(agen.aclose)  # leaving early aborts; at the end it only tidies up
-            except EngineNotRunningError:
-                pass  # closed: closing ended the request (and the loop's exit closed the generator)
+                async for delta in self.engine.stream(prompt, params, request_id=request_id):
+                    deltas.put(delta)
+            except Exception as e:  # bad input (checked at the first read, as Engine.stream does), a dead worker
+                deltas.put(_Failed(e))
+            finally:
+                deltas.put(_END)
+
+        task = self._loop.start(pump)
+        try:
+            while (item := deltas.get()) is not _END:
+                if isinstance(item, _Failed):
+                    raise item.error
+                yield item
+        finally:
+            task.cancel()  # leaving early: the task's stream is closed, which aborts the request
 
     def abort(self, request_id: str) -> None:
         """End a request early (a stream read in another thread): it ends with 'abort'."""
@@ -141,13 +162,6 @@ def _is_batch(prompts) -> bool:
     if isinstance(prompts, _TEXT) or not isinstance(prompts, Sequence):
         return False
     return len(prompts) == 0 or isinstance(prompts[0], (str, Sequence))
-
-
-async def _next_or_end(agen):
-    try:
-        return await agen.__anext__()
-    except StopAsyncIteration:
-        return _END
 
 
 class _EngineLoop:
@@ -173,6 +187,17 @@ class _EngineLoop:
             return self.portal.call(fn, *args)
         except RuntimeError as e:
             if self.closed:  # closed while the call was on its way
+                raise EngineNotRunningError("the LLM is closed") from e
+            raise
+
+    def start(self, fn):
+        """Run `fn()` as a task in the engine's loop; its concurrent Future (cancel() cancels it)."""
+        if self.closed:
+            raise EngineNotRunningError("the LLM is closed")
+        try:
+            return self.portal.start_task_soon(fn)
+        except RuntimeError as e:
+            if self.closed:
                 raise EngineNotRunningError("the LLM is closed") from e
             raise
 
