@@ -452,6 +452,28 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
     assert ks[0] >= 3 and next_model == [0, 0]  # 2 in flight: cheap drafts again
 
 
+def test_a_policy_bound_to_an_engine_still_travels_to_an_actor():
+    """The in-flight count is a closure over one engine (locks and all); a copy (as Ray sends a
+    policy to an actor) leaves it behind, so a policy an in-process engine used can be placed."""
+    import pickle
+    import threading
+
+    class Holder:
+        lock = threading.Lock()
+
+        def __init__(self):
+            self.requests = {"a": 1}
+            self.guard = threading.Lock()
+
+    holder = Holder()
+    spec = Speculative(k=3)
+    spec.use_in_flight(lambda: len(holder.requests))
+    assert spec._in_flight("large", 1) == 1
+    copy = pickle.loads(pickle.dumps(spec))
+    assert copy._engine_in_flight is None and copy.k == 3 and spec._engine_in_flight is not None
+    assert copy._in_flight("large", 2) == 2  # unbound: the latest steps stand in
+
+
 PENALTY_KINDS = [
     dict(repetition_penalty=1.5),
     dict(presence_penalty=0.6, frequency_penalty=0.4),

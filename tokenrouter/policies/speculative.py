@@ -80,6 +80,11 @@ class Speculative(Policy):
     def use_in_flight(self, count) -> None:
         self._engine_in_flight = count
 
+    def __getstate__(self) -> dict:
+        """The count is bound to one engine in one process (a closure over it, with its locks):
+        a copy sent to a Ray actor leaves it behind, and the actor binds its own."""
+        return {**self.__dict__, "_engine_in_flight": None}
+
     def _in_flight(self, model: str, rows: int) -> int:
         """Requests in flight on every model: the engine's count when it gave one, else the sum
         of each model's latest step (the one stepping now reports `rows`; a model idle for
