@@ -406,13 +406,15 @@ def test_bench_argument_errors_that_need_files(tiny_pair, tmp_path, capsys):
 
 # ---- the real demo pair ------------------------------------------------------------------------
 @pytest.mark.real_model
+@pytest.mark.slow
 @pytest.mark.skipif(
     not all(store.is_pulled(m) for m in store.GROUPS["demo"]),
     reason=f"the demo pair is not in the store ({store.home_dir()}); run `{store.pull_command('demo')}`",
 )
 def test_bench_quick_on_the_demo_pair(tmp_path, capsys):
-    """What a user runs first (about 4 minutes here; the time is a benchmark's to measure, see
-    docs/benchmarks.md, not a test's to assert)."""
+    """What a user runs first (about 4-5 minutes here, a third of the suite, hence slow: CI's
+    `tokenrouter generate` and test_real_demo_pair keep the demo pair in every run; the time is a
+    benchmark's to measure, see docs/benchmarks.md, not a test's to assert)."""
     code, out, err = run_cli(["bench", "--quick", "--no-pull", "--out", str(tmp_path)], capsys)
     assert code == 0, err
     data = json.loads((tmp_path / "results.json").read_text())
