@@ -201,6 +201,9 @@ class ActorWorker(LinkedWorker):
         self.queue = queue
 
     def shut_down(self) -> None:
+        """The requests' last events stay staged and leave in the final batch, with the worker's
+        death: a caller that sees a request end with the error then finds `health()` saying so."""
+        self.after_delivery = None
         try:
             super().shut_down()
         finally:
