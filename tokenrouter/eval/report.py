@@ -161,7 +161,9 @@ def markdown(s: Summary) -> str:
     )
     lines += [header_row, "|---|---:|---:|---:|---|---|---|---:|---:|---:|---:|---:|"]
     for row in s.rows:
-        n = max(row.n, 1)
+        if not row.n:  # started, not one problem finished: named under the table
+            continue
+        n = row.n
         shares = "/".join(_f(row.share(m), "{:.0%}") for m in models)
         processed = "/".join(f"{row.tokens_processed.get(m, 0) / n:.0f}" for m in models)
         steps = "/".join(f"{row.steps.get(m, 0) / n:.0f}" for m in models)
@@ -202,6 +204,13 @@ def markdown(s: Summary) -> str:
             f"time, latency from submission to the end of each request. Measured {', '.join(dates)} on "
             f"{m.get('cpu') or '?'} ({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''}){load}."
         )
+    total = run["data"].get("problems")
+    partial = [f"{r.system} ({r.n} of {total})" for r in s.rows if r.n and total and r.n < total]
+    if partial:
+        lines.append(f"Still running (pass@1 over the problems finished so far): {', '.join(partial)}.")
+    waiting = [r.system for r in s.rows if not r.n]
+    if waiting:
+        lines.append(f"Not run yet: {', '.join(waiting)}.")
     failures = {}
     for row in s.rows:
         for k, v in row.statuses.items():
