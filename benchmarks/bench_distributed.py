@@ -86,15 +86,9 @@ def channels_off(worker) -> None:
 
 
 def tiny_pair(root: Path) -> dict[str, Path]:
-    from tokenrouter.testing import build_tiny_model, build_tokenizer
+    from tokenrouter.testing import build_tiny_pair
 
-    tok = build_tokenizer()
-    small = build_tiny_model(root / "small", "qwen2", dtype=torch.float64, seed=1, tokenizer=tok, logit_scale=3.0)
-    large = build_tiny_model(
-        root / "large", "qwen2", dtype=torch.float64, seed=2, tokenizer=tok, logit_scale=3.0,
-        num_hidden_layers=3, hidden_size=96,
-    )  # fmt: skip
-    return {"small": small, "large": large}
+    return build_tiny_pair(root)  # the tests' pair
 
 
 def specs(paths: dict, placed: bool, dtype: str) -> dict[str, ModelSpec]:

@@ -8,7 +8,7 @@ import torch
 
 torch.set_num_threads(1)
 
-from tokenrouter.testing import build_tiny_model, build_tokenizer  # noqa: E402
+from tokenrouter.testing import build_tiny_model, build_tiny_pair, build_tokenizer  # noqa: E402
 
 # The fixtures an application's tests get (tokenrouter_engine, ...); tests/test_pytest_plugin.py
 # is the example that uses them.
@@ -49,13 +49,7 @@ TINY_PAIR_TAU = 0.2
 @pytest.fixture(scope="session")
 def tiny_pair(tmp_path_factory, tokenizer):
     """Two float64 Qwen2 models sharing one tokenizer, for routing: {"small": dir, "large": dir}."""
-    root = tmp_path_factory.mktemp("pair")
-    small = build_tiny_model(root / "small", "qwen2", dtype=torch.float64, seed=1, tokenizer=tokenizer, logit_scale=3.0)
-    large = build_tiny_model(
-        root / "large", "qwen2", dtype=torch.float64, seed=2, tokenizer=tokenizer, logit_scale=3.0,
-        num_hidden_layers=3, hidden_size=96,
-    )  # fmt: skip
-    return {"small": small, "large": large}
+    return build_tiny_pair(tmp_path_factory.mktemp("pair"), tokenizer=tokenizer)
 
 
 # ---- Ray: a local cluster of two simulated nodes, for the tests of models in Ray actors -----------

@@ -90,16 +90,18 @@ def penalized_logits(path, ids: list[int], num_prompt: int, params) -> torch.Ten
     return torch.stack(rows)
 
 
-async def generate_all(engine, prompts, params) -> list:
+async def generate_all(engine, prompts, params, request_ids=None) -> list:
     """Every prompt at once, each in its own task; the outputs in prompt order. `params` is one
-    SamplingParams for all, or a list of one per prompt."""
+    SamplingParams for all, or a list of one per prompt; `request_ids`, one per prompt, names
+    them (a test that injects a fault into one request by its id)."""
     import anyio
 
     outs = [None] * len(prompts)
     each = params if isinstance(params, list) else [params] * len(prompts)
+    ids = request_ids or [None] * len(prompts)
 
     async def one(i):
-        outs[i] = await engine.generate(prompts[i], each[i])
+        outs[i] = await engine.generate(prompts[i], each[i], request_id=ids[i])
 
     async with anyio.create_task_group() as tg:
         for i in range(len(prompts)):

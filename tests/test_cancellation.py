@@ -123,6 +123,56 @@ def _count_late_tokens(engine, gate):
     return late
 
 
+def parties(engine, means, result, leave):
+    """The bystander's and the victim's tasks of a case; what each saw goes in `result`. A
+    victim leaving its stream waits for `leave` after its first token."""
+
+    async def bystander():
+        result["bystander"] = await engine.generate(BYSTANDER_PROMPT, BYSTANDER, request_id="bystander")
+
+    async def victim(scope_box):
+        with anyio.CancelScope() as scope:
+            scope_box.append(scope)
+            if means == "leave_stream":
+                async for delta in engine.stream(VICTIM_PROMPT, VICTIM, request_id="victim"):
+                    if delta.token_ids:
+                        await leave.wait()
+                        break
+                result["victim"] = "left"
+            else:
+                result["victim"] = await engine.generate(VICTIM_PROMPT, VICTIM, request_id="victim")
+        result["victim_cancelled"] = scope.cancelled_caught
+
+    return bystander, victim
+
+
+async def cancel_victim(engine, means, scope_box, leave) -> None:
+    """Cancel the victim by `means` (engine_exit is the caller's: it closes the engine)."""
+    if means == "abort":
+        await engine.abort("victim")
+    elif means == "cancel_task":
+        while not scope_box:
+            await anyio.sleep(0.001)
+        scope_box[0].cancel()
+    elif means == "leave_stream":
+        leave.set()
+
+
+def check_ends(result, means, late_tokens, policy, bystander_ref) -> None:
+    """The victim saw a clean end by `means` and made at most the frozen step's tokens (one, or a
+    check's accepted drafts and the verifier's own); the bystander got the reference."""
+    if means == "abort":
+        assert result["victim"].finish_reason == "abort"
+    elif means == "cancel_task":
+        assert result["victim_cancelled"] and "victim" not in result
+    else:
+        assert result["victim"] == "left"
+    frozen_step = (POLICIES[policy].max_draft or 0) + 1
+    assert late_tokens["victim"] <= frozen_step, "the victim kept running after it was cancelled"
+    by = result["bystander"]
+    assert by.token_ids == bystander_ref.token_ids and by.token_models == bystander_ref.token_models
+
+
 @pytest.fixture(scope="module")
 def bystander_ref(tiny_pair):
     models = load_reference_models(tiny_pair, torch.float64)
@@ -147,25 +197,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
         late_tokens = _count_late_tokens(engine, gate)
         result: dict = {}
         leave = anyio.Event()
-
-        async def bystander():
-            result["bystander"] = await engine.generate(BYSTANDER_PROMPT, BYSTANDER, request_id="bystander")
-
-        async def victim(scope_box):
-            with anyio.CancelScope() as scope:
-                scope_box.append(scope)
-                if means == "leave_stream":
-                    n = 0
-                    async for delta in engine.stream(VICTIM_PROMPT, VICTIM, request_id="victim"):
-                        n += len(delta.token_ids)
-                        if n >= 1:
-                            await leave.wait()
-                            break
-                    result["victim"] = "left"
-                else:
-                    result["victim"] = await engine.generate(VICTIM_PROMPT, VICTIM, request_id="victim")
-            result["victim_cancelled"] = scope.cancelled_caught
-
+        bystander, victim = parties(engine, means, result, leave)
         scope_box: list = []
         async with anyio.create_task_group() as tg:
             tg.start_soon(bystander)
@@ -181,14 +213,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
                 tg.start_soon(victim, scope_box)
                 await gate.wait_hit()
 
-            if means == "abort":
-                await engine.abort("victim")
-            elif means == "cancel_task":
-                while not scope_box:
-                    await anyio.sleep(0.001)
-                scope_box[0].cancel()
-            elif means == "leave_stream":
-                leave.set()
+            await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":
                 async with anyio.create_task_group() as closing:
                     closing.start_soon(engine.close)
@@ -212,19 +237,9 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
             await engine.close()
             return
 
-        if means == "abort":
-            assert result["victim"].finish_reason == "abort"
-        elif means == "cancel_task":
-            assert result["victim_cancelled"] and "victim" not in result
-        else:
-            assert result["victim"] == "left"
         await wait_all_free(engine)  # KV free in every worker, nothing running, waiting or pending
         assert holds_nothing(engine)
-        # at most the frozen step's output: one token, or a check's accepted drafts and the verifier's own
-        frozen_step = (POLICIES[policy].max_draft or 0) + 1
-        assert late_tokens["victim"] <= frozen_step, "the victim kept running after it was cancelled"
-        by = result["bystander"]
-        assert by.token_ids == bystander_ref.token_ids and by.token_models == bystander_ref.token_models
+        check_ends(result, means, late_tokens, policy, bystander_ref)
         assert engine.health().healthy
         await engine.close()
 

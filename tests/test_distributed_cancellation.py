@@ -27,7 +27,7 @@ from tokenrouter.engine.inbox import HandOff
 from tokenrouter.testing import load_reference_models, reference_generate
 
 from .helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free, wait_until
-from .test_cancellation import BYSTANDER, BYSTANDER_PROMPT, CASES, POLICIES, STATES, VICTIM, VICTIM_PROMPT
+from .test_cancellation import BYSTANDER, BYSTANDER_PROMPT, CASES, POLICIES, STATES, cancel_victim, check_ends, parties
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
@@ -70,23 +70,7 @@ async def _cancel(engine, state, means, result):
     gated, predicate, victim_after_gate, _ = STATES[state]
     gate = RemoteStepGate(engine.workers[gated], predicate, counted=list(engine.workers.values()))
     leave = anyio.Event()
-
-    async def bystander():
-        result["bystander"] = await engine.generate(BYSTANDER_PROMPT, BYSTANDER, request_id="bystander")
-
-    async def victim(scope_box):
-        with anyio.CancelScope() as scope:
-            scope_box.append(scope)
-            if means == "leave_stream":
-                async for delta in engine.stream(VICTIM_PROMPT, VICTIM, request_id="victim"):
-                    if delta.token_ids:
-                        await leave.wait()
-                        break
-                result["victim"] = "left"
-            else:
-                result["victim"] = await engine.generate(VICTIM_PROMPT, VICTIM, request_id="victim")
-        result["victim_cancelled"] = scope.cancelled_caught
-
+    bystander, victim = parties(engine, means, result, leave)
     scope_box: list = []
     try:
         async with anyio.create_task_group() as tg:
@@ -101,14 +85,7 @@ async def _cancel(engine, state, means, result):
             else:
                 tg.start_soon(victim, scope_box)
                 await gate.wait_hit()
-            if means == "abort":
-                await engine.abort("victim")
-            elif means == "cancel_task":
-                while not scope_box:
-                    await anyio.sleep(0.001)
-                scope_box[0].cancel()
-            elif means == "leave_stream":
-                leave.set()
+            await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":
                 late = {}
                 async with anyio.create_task_group() as closing:
@@ -140,17 +117,8 @@ def test_cancel_in_every_state_with_workers_in_actors(engines, bystander_ref, st
             return late
 
     late = anyio.run(main)
-    if means == "abort":
-        assert result["victim"].finish_reason == "abort"
-    elif means == "cancel_task":
-        assert result["victim_cancelled"] and "victim" not in result
-    else:
-        assert result["victim"] == "left"
     assert holds_nothing_anywhere(engine)
-    frozen_step = (POLICIES[policy].max_draft or 0) + 1  # one token, or a check's accepted drafts and the verifier's own
-    assert late["tokens"]["victim"] <= frozen_step, "the victim kept running after it was cancelled"
-    by = result["bystander"]
-    assert by.token_ids == bystander_ref[policy].token_ids and by.token_models == bystander_ref[policy].token_models
+    check_ends(result, means, late["tokens"], policy, bystander_ref[policy])
     assert engine.health().healthy
 
 

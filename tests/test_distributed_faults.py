@@ -17,7 +17,7 @@ from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, 
 from tokenrouter.engine.sequence import SeqStatus
 from tokenrouter.testing import load_reference_models, reference_generate
 
-from .helpers import EveryK, RemoteStepGate, wait_until
+from .helpers import EveryK, RemoteStepGate, generate_all, wait_until
 from .ray_processes import wait_gone
 
 POLICY = EveryK(3)
@@ -51,15 +51,8 @@ def _small_holds_nothing(engine) -> bool:
 
 
 async def _generate_all(engine, rids):
-    outs = {}
-
-    async def one(i, rid):
-        outs[rid] = await engine.generate(PROMPTS[i], PARAMS, request_id=rid)
-
-    async with anyio.create_task_group() as tg:
-        for i, rid in enumerate(rids):
-            tg.start_soon(one, i, rid)
-    return outs
+    """PROMPTS[i] as request rids[i], all at once: the outputs by id."""
+    return dict(zip(rids, await generate_all(engine, PROMPTS[: len(rids)], PARAMS, request_ids=rids)))
 
 
 def test_killing_the_large_models_actor_mid_run_fails_its_requests_and_nothing_hangs(ray_cluster, tiny_pair):

@@ -17,7 +17,7 @@ from tokenrouter import Engine, EngineNotRunningError, ModelSpec, SamplingParams
 from tokenrouter.engine import output_processor
 from tokenrouter.testing import load_reference_models, reference_generate
 
-from .helpers import EveryK, holds_nothing, wait_all_free
+from .helpers import EveryK, generate_all, holds_nothing, wait_all_free
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -36,15 +36,8 @@ def _engine(pair, **kw):
 
 
 async def _generate_all(engine, rids):
-    outs = {}
-
-    async def one(i, rid):
-        outs[rid] = await engine.generate(PROMPTS[i], PARAMS, request_id=rid)
-
-    async with anyio.create_task_group() as tg:
-        for i, rid in enumerate(rids):
-            tg.start_soon(one, i, rid)
-    return outs
+    """PROMPTS[i] as request rids[i], all at once: the outputs by id."""
+    return dict(zip(rids, await generate_all(engine, PROMPTS[: len(rids)], PARAMS, request_ids=rids)))
 
 
 def test_a_failed_forward_fails_its_batch_only(tiny_pair, refs):

@@ -23,13 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from .api import Engine
 from .config import ModelSpec
 from .llm import LLM
 from .policies import RStitch
-from .testing import build_tiny_model, build_tokenizer
+from .testing import build_tiny_pair
 
 # With logit_scale=3 the pair's normalized entropies straddle 0.2: requests move both ways.
 TINY_PAIR_TAU = 0.2
@@ -38,12 +37,7 @@ TINY_PAIR_TAU = 0.2
 @pytest.fixture(scope="session")
 def tokenrouter_models(tmp_path_factory) -> dict[str, Path]:
     """A random Qwen2 pair sharing one tokenizer, written once per session: {"small": dir, "large": dir}."""
-    root = tmp_path_factory.mktemp("tokenrouter-models")
-    kw = dict(tokenizer=build_tokenizer(), dtype=torch.float64, logit_scale=3.0)
-    return {
-        "small": build_tiny_model(root / "small", "qwen2", seed=1, **kw),
-        "large": build_tiny_model(root / "large", "qwen2", seed=2, num_hidden_layers=3, hidden_size=96, **kw),
-    }
+    return build_tiny_pair(tmp_path_factory.mktemp("tokenrouter-models"))
 
 
 @pytest.fixture(scope="session")

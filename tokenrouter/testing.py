@@ -128,6 +128,21 @@ def build_tiny_model(
     return path
 
 
+def build_tiny_pair(
+    root: str | Path, *, dtype: torch.dtype = torch.float64, tokenizer=None, **config_overrides
+) -> dict[str, Path]:
+    """The tiny routing pair under `root`: {"small": dir, "large": dir}, two random Qwen2 models
+    sharing one tokenizer, the large one deeper and wider. With logit_scale=3 their normalized
+    entropies straddle 0.2 both ways often, so RStitch(0.2) hands off in both directions."""
+    root = Path(root)
+    tokenizer = tokenizer or build_tokenizer()
+    kw = dict(dtype=dtype, tokenizer=tokenizer, logit_scale=3.0, **config_overrides)
+    return {
+        "small": build_tiny_model(root / "small", "qwen2", seed=1, **kw),
+        "large": build_tiny_model(root / "large", "qwen2", seed=2, num_hidden_layers=3, hidden_size=96, **kw),
+    }
+
+
 def build_perturbed_copy(source: str | Path, path: str | Path, *, noise: float = 0.05, seed: int = 0) -> Path:
     """Write a copy of the model at `source` with Gaussian noise (std `noise`) added to every
     weight matrix; return the path. Two random models never agree on a token; a perturbed copy

@@ -22,6 +22,7 @@ import pickle
 from dataclasses import dataclass, field
 
 from ..engine.events import WorkerEvent, WorkerStats
+from ..engine.inbox import Release, Stop  # the same messages as in one process: they cross as they are
 from ..engine.sequence import Request
 from ..policies.base import PeerMessage
 
@@ -52,18 +53,6 @@ class Abort:
 
     request_id: str
     inc: int
-
-
-@dataclass(frozen=True)
-class Release:
-    """Drop the pending copy of a request that ended elsewhere."""
-
-    request_id: str
-
-
-@dataclass(frozen=True)
-class Stop:
-    """End what is still here, then stop."""
 
 
 @dataclass(frozen=True)

@@ -15,24 +15,9 @@ QUICK_MAX_TOKENS = 24
 
 
 def build_tiny_pair(root: str | Path) -> dict[str, Path]:
-    """Two random Qwen2 models sharing one tokenizer: {"small": dir, "large": dir}."""
+    """The tiny random pair in float32, with room for the instruct prompt (4096 positions)."""
     import torch
 
-    from ..testing import build_tiny_model, build_tokenizer
+    from ..testing import build_tiny_pair as tiny_pair
 
-    root = Path(root)
-    tok = build_tokenizer()
-    small = build_tiny_model(
-        root / "small",
-        "qwen2",
-        dtype=torch.float32,
-        seed=1,
-        tokenizer=tok,
-        logit_scale=3.0,
-        max_position_embeddings=4096,
-    )
-    large = build_tiny_model(
-        root / "large", "qwen2", dtype=torch.float32, seed=2, tokenizer=tok, logit_scale=3.0,
-        num_hidden_layers=3, hidden_size=96, max_position_embeddings=4096,
-    )  # fmt: skip
-    return {"small": small, "large": large}
+    return tiny_pair(root, dtype=torch.float32, max_position_embeddings=4096)
