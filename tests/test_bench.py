@@ -268,7 +268,7 @@ def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair
     run, took = anyio.run(main)
     m = run.metrics()
     assert run.cut_short and run.kv_freed
-    assert 0.4 <= run.wall_s < 2.0 and took < 10
+    assert 0.4 <= run.wall_s < 5.0 and took < 20  # cut_short is the check; these bound a hang, loosely (2 loaded cores)
     assert m["requests_completed"] < m["requests_total"] <= 4  # some were still in flight
     assert m["output_tokens"] > 0 and m["tok_per_s"] == m["output_tokens"] / run.wall_s
     assert all(t.latency_s is None for t in run.turns if not t.completed)
