@@ -229,8 +229,13 @@ class Engine:
                 workers=lambda: self.workers,
                 loaded=lambda: self.loaded,
                 profiles=lambda: self.profiles,
-                in_flight=lambda: len(self._requests),
+                in_flight=self._in_flight,
             )
+
+    def _in_flight(self) -> int:
+        """Requests submitted and not yet ended: what load-aware planners (auto B, Speculative's
+        draft length, the actors' copies of the policy) plan for."""
+        return len(self._requests)
 
     def _check_placement(self) -> None:
         """Ray options need a placed model; placed models need Ray, and their own stepping threads."""
@@ -295,7 +300,7 @@ class Engine:
             eos = frozenset().union(*(self.loaded[m].eos_token_ids for m in self.policy.models))
             self._grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
             self.policy.validate(dict(self.loaded))  # e.g. a learned router trained for another pair
-            self.policy.use_in_flight(lambda: len(self._requests))
+            self.policy.use_in_flight(self._in_flight)
             if self._auto is not None or self.policy.wants_profiles:
                 try:
                     await self.profile()
@@ -325,7 +330,7 @@ class Engine:
         from .distributed import Fleet
 
         self._fleet = Fleet(
-            self.specs, self.policy, self.options, self.batch_min, self._dispatch, lambda: len(self._requests), share
+            self.specs, self.policy, self.options, self.batch_min, self._dispatch, self._in_flight, share
         )
         try:
             return await anyio.to_thread.run_sync(self._fleet.launch)
