@@ -772,48 +772,42 @@ def cmd_summary(args) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("trim", help="repack flashinfer-python's wheel")
-    s.add_argument("wheel")
-    s.add_argument("out_dir")
-    s.add_argument("--host-site", help="tvm-ffi and nvidia-ml-py for this interpreter (scripts/gpu_wheels.sh)")
-    s.set_defaults(fn=cmd_trim)
-    s = sub.add_parser("probe", help="(internal) our kernels' JIT specs and #include closure, as JSON")
-    s.add_argument("site")
-    s.add_argument("--nvcc", action="store_true", help="also run one module of each kind through nvcc -E")
-    s.set_defaults(fn=cmd_probe)
-    s = sub.add_parser("check-trimmed", help="probe an installed trimmed flashinfer")
-    s.add_argument("site")
-    s.add_argument("--host-site")
-    s.add_argument("--cuda-home", help="a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E")
-    s.set_defaults(fn=cmd_check_trimmed)
-    s = sub.add_parser("verify-wheels", help="RECORDs, one version each, the pins")
-    s.add_argument("dir")
-    s.set_defaults(fn=cmd_verify_wheels)
-    s = sub.add_parser("resolve", help="pip's resolver, offline, against stand-ins for the machine's packages")
-    s.add_argument("dir")
-    s.set_defaults(fn=cmd_resolve)
-    s = sub.add_parser("travel-size", help="bytes a device run sends")
-    s.add_argument("--carry", nargs="*", default=[".whl"])
-    s.set_defaults(fn=cmd_travel_size)
-    s = sub.add_parser("check-env", help="(GPU) versions, the GPU, requirements met")
-    s.add_argument("--wheels", default=str(ROOT / ".whl"))
-    s.add_argument("--site", default=None, help="where the carried wheels must be imported from")
-    s.add_argument("--json")
-    s.set_defaults(fn=cmd_check_env)
-    s = sub.add_parser("warm", help="(GPU) build and load our flashinfer kernels")
-    s.add_argument("--json")
-    s.set_defaults(fn=cmd_warm)
-    s = sub.add_parser("jit-report", help="(GPU) the flashinfer modules built")
-    s.add_argument("--warm-json")
-    s.add_argument("--json")
-    s.set_defaults(fn=cmd_jit_report)
-    s = sub.add_parser("summary", help="(GPU) summary.json and the stage times")
-    s.add_argument("--out", required=True)
-    s.add_argument("--stages", required=True)
-    s.add_argument("--attention", required=True)
-    s.add_argument("--include", nargs="*", default=[], help="KEY=FILE: a JSON file to include under KEY")
-    s.add_argument("--wall", type=float, default=None, help="the whole run's seconds (stages may overlap)")
-    s.set_defaults(fn=cmd_summary)
+
+    def command(name: str, fn, help: str, *arguments: tuple) -> None:
+        """A subcommand: each argument is (flag, keyword arguments of add_argument) or (flag,)."""
+        s = sub.add_parser(name, help=help)
+        for flag, *kw in arguments:
+            s.add_argument(flag, **(kw[0] if kw else {}))
+        s.set_defaults(fn=fn)
+
+    command(
+        "trim", cmd_trim, "repack flashinfer-python's wheel", ("wheel",), ("out_dir",),
+        ("--host-site", dict(help="tvm-ffi and nvidia-ml-py for this interpreter (scripts/gpu_wheels.sh)")),
+    )  # fmt: skip
+    command(
+        "probe", cmd_probe, "(internal) our kernels' JIT specs and #include closure, as JSON", ("site",),
+        ("--nvcc", dict(action="store_true", help="also run one module of each kind through nvcc -E")),
+    )  # fmt: skip
+    command(
+        "check-trimmed", cmd_check_trimmed, "probe an installed trimmed flashinfer", ("site",), ("--host-site",),
+        ("--cuda-home", dict(help="a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E")),
+    )  # fmt: skip
+    command("verify-wheels", cmd_verify_wheels, "RECORDs, one version each, the pins", ("dir",))
+    command("resolve", cmd_resolve, "pip's resolver, offline, against stand-ins for the machine's packages", ("dir",))
+    command("travel-size", cmd_travel_size, "bytes a device run sends", ("--carry", dict(nargs="*", default=[".whl"])))
+    command(
+        "check-env", cmd_check_env, "(GPU) versions, the GPU, requirements met",
+        ("--wheels", dict(default=str(ROOT / ".whl"))),
+        ("--site", dict(default=None, help="where the carried wheels must be imported from")), ("--json",),
+    )  # fmt: skip
+    command("warm", cmd_warm, "(GPU) build and load our flashinfer kernels", ("--json",))
+    command("jit-report", cmd_jit_report, "(GPU) the flashinfer modules built", ("--warm-json",), ("--json",))
+    command(
+        "summary", cmd_summary, "(GPU) summary.json and the stage times",
+        ("--out", dict(required=True)), ("--stages", dict(required=True)), ("--attention", dict(required=True)),
+        ("--include", dict(nargs="*", default=[], help="KEY=FILE: a JSON file to include under KEY")),
+        ("--wall", dict(type=float, default=None, help="the whole run's seconds (stages may overlap)")),
+    )  # fmt: skip
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -146,6 +146,20 @@ def parties(engine, means, result, leave):
     return bystander, victim
 
 
+async def start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, victim_handed_off) -> None:
+    """Start the bystander and the victim so that the gated worker freezes in the state. With
+    `victim_after_gate`, the large model is busy with the bystander while the victim's hand-off
+    waits in its inbox (`victim_handed_off()` says when it is there)."""
+    tg.start_soon(bystander)
+    if victim_after_gate:
+        await gate.wait_hit()
+        tg.start_soon(victim, scope_box)
+        await wait_until(victim_handed_off, 60, "the victim's hand-off in the large model's inbox")
+    else:
+        tg.start_soon(victim, scope_box)
+        await gate.wait_hit()
+
+
 async def cancel_victim(engine, means, scope_box, leave) -> None:
     """Cancel the victim by `means` (engine_exit is the caller's: it closes the engine)."""
     if means == "abort":
@@ -200,19 +214,9 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
         bystander, victim = parties(engine, means, result, leave)
         scope_box: list = []
         async with anyio.create_task_group() as tg:
-            tg.start_soon(bystander)
-            if victim_after_gate:
-                await gate.wait_hit()  # the large model is busy with the bystander...
-                tg.start_soon(victim, scope_box)
-                large = engine.workers["large"]
-                await wait_until(  # ...while the victim's hand-off waits in its inbox
-                    lambda: any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in large.inbox.snapshot()),
-                    60, "the victim's hand-off in the large model's inbox",
-                )  # fmt: skip
-            else:
-                tg.start_soon(victim, scope_box)
-                await gate.wait_hit()
-
+            inbox = engine.workers["large"].inbox
+            handed_off = lambda: any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in inbox.snapshot())  # noqa: E731
+            await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":
                 async with anyio.create_task_group() as closing:

@@ -26,8 +26,8 @@ from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.engine.inbox import HandOff
 from tokenrouter.testing import load_reference_models, reference_generate
 
-from .helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free, wait_until
-from .test_cancellation import BYSTANDER, BYSTANDER_PROMPT, CASES, POLICIES, STATES, cancel_victim, check_ends, parties
+from .helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free
+from .test_cancellation import BYSTANDER, BYSTANDER_PROMPT, CASES, POLICIES, STATES, cancel_victim, check_ends, parties, start_parties
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
@@ -74,17 +74,9 @@ async def _cancel(engine, state, means, result):
     scope_box: list = []
     try:
         async with anyio.create_task_group() as tg:
-            tg.start_soon(bystander)
-            if victim_after_gate:
-                await gate.wait_hit()  # the large model is busy with the bystander...
-                tg.start_soon(victim, scope_box)
-                large = engine.workers["large"]
-                await wait_until(  # ...while the victim's hand-off waits in its inbox, in its actor
-                    lambda: large.inspect(partial(_has_handoff, "victim")), 60, "the victim's hand-off in the large model's inbox"
-                )
-            else:
-                tg.start_soon(victim, scope_box)
-                await gate.wait_hit()
+            large = engine.workers["large"]  # the victim's hand-off waits in its inbox, in its actor
+            handed_off = partial(large.inspect, partial(_has_handoff, "victim"))
+            await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":
                 late = {}

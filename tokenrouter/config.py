@@ -73,6 +73,11 @@ def _as_response_format(v):
     )
 
 
+def _alternatives(description: str):
+    """A logprobs field: None (off) or how many alternatives to return per token, 0 to 20 (vLLM's default cap)."""
+    return Field(None, ge=0, le=20, strict=True, description=description)
+
+
 class SamplingParams(BaseModel):
     """How to sample one request. Defaults follow vLLM's except `max_tokens` (256, not 16).
 
@@ -126,19 +131,11 @@ class SamplingParams(BaseModel):
     frequency_penalty: float = Field(
         0.0, ge=-2.0, le=2.0, allow_inf_nan=False, strict=True, description="Subtracted per occurrence in the output."
     )
-    logprobs: int | None = Field(
-        None,
-        ge=0,
-        le=20,
-        strict=True,
-        description="Each output token's logprob and its N most likely alternatives; 0: just the token's; None: off.",
+    logprobs: int | None = _alternatives(
+        "Each output token's logprob and its N most likely alternatives; 0: just the token's; None: off."
     )
-    prompt_logprobs: int | None = Field(
-        None,
-        ge=0,
-        le=20,
-        strict=True,
-        description="Each prompt token's logprob under the entry model, and N alternatives (no prefix-cache hits).",
+    prompt_logprobs: int | None = _alternatives(
+        "Each prompt token's logprob under the entry model, and N alternatives (no prefix-cache hits)."
     )
 
     @field_validator("stop", mode="before")

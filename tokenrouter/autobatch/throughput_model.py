@@ -673,20 +673,29 @@ def predict(
 
     `routing`'s order names the models; the first is the one requests start on.
     `handoff_delay_s`: seconds a hand-off spends between the workers (module docstring)."""
-    names = _names(latency, routing)
-    C = _check_c(concurrency)
-    delay = _check_delay(handoff_delay_s)
-    if len(names) == 1:
-        return _single(names[0], latency, routing, C, batch_wait_s, max_batch, None)
-    if len(names) > 2:
-        return _many(names, latency, routing, C, batch_wait_s)
-    mix = TransitMix(
-        lambda c: TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns), C, delay
-    )
+    names, _, mix = _start(latency, routing, concurrency, batch_wait_s, max_batch, shared_device, turns, handoff_delay_s, None)
+    if isinstance(mix, ThroughputPrediction):
+        return mix
     B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
     X, pi, T = mix.evaluate(B)
     X1 = X if B == [1, 1] else mix.evaluate([1, 1])[0]
     return _prediction(mix.main, B, X, pi, T, routing, latency, X1, None, "", mix)
+
+
+def _start(latency, routing, concurrency, batch_wait_s, max_batch, shared_device, turns, handoff_delay_s, bound):
+    """What `predict` and `choose_b` start from: the models' names, C, and the two-model chain's
+    TransitMix, or the finished prediction where there is one model or more than two."""
+    names = _names(latency, routing)
+    C = _check_c(concurrency)
+    delay = _check_delay(handoff_delay_s)
+    if len(names) == 1:
+        return names, C, _single(names[0], latency, routing, C, batch_wait_s, max_batch, bound)
+    if len(names) > 2:
+        return names, C, _many(names, latency, routing, C, batch_wait_s)
+    def chain(c: float) -> TwoModelChain:
+        return TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns)
+
+    return names, C, TransitMix(chain, C, delay)
 
 
 def _many(names, latency, routing, C, batch_wait_s) -> ThroughputPrediction:
@@ -720,18 +729,13 @@ def choose_b(
     if none does, B = 1 everywhere (no holding) and `meets_latency_bound` is False. Note that at a
     fixed concurrency Little's law makes the mean per-token latency C / tokens_per_s, so the bound
     either excludes every B that is slower than it allows or none."""
-    names = _names(latency, routing)
-    C = _check_c(concurrency)
-    delay = _check_delay(handoff_delay_s)
     if latency_bound_s is not None and not (latency_bound_s > 0):
         raise ValueError(f"latency_bound_s: must be > 0, got {latency_bound_s!r}")
-    if len(names) == 1:
-        return _single(names[0], latency, routing, C, batch_wait_s, max_batch, latency_bound_s)
-    if len(names) > 2:
-        return _many(names, latency, routing, C, batch_wait_s)
-    mix = TransitMix(
-        lambda c: TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns), C, delay
+    names, C, mix = _start(
+        latency, routing, concurrency, batch_wait_s, max_batch, shared_device, turns, handoff_delay_s, latency_bound_s
     )
+    if isinstance(mix, ThroughputPrediction):
+        return mix
     pair = mix.main
     X1, pi1, T1 = mix.evaluate([1, 1])
     if batch_wait_s <= 0:

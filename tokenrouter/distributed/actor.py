@@ -221,7 +221,7 @@ class CallerPeer:
 
     def hand_off(self, msg, req: Request) -> bool:
         event_seq, inc = self.tracks.leave(req.request_id)
-        self.queue.stage_to_caller(wire.ToCaller(self.name, handoff=wire.HandOff(msg, req, event_seq, inc)))
+        self.queue.stage_to_caller(wire.ToCaller(self.name, handoff=wire.ForIncarnation(wire.HandOff(msg, req), inc, event_seq)))
         return True
 
     def release(self, request_id: str) -> None:
@@ -249,7 +249,7 @@ class WorkerActor:
         self.worker: ActorWorker | None = None
         self.setup_error: Exception | None = None
         self.post_lock = threading.Lock()  # envelopes by Ray and by the channel, applied one at a time
-        self.pongs: dict[int, threading.Event] = {}  # pings to peers waiting for their answer
+        self.echoes: dict[int, threading.Event] = {}  # echoes sent to peers, waiting to come back
         self.server = ChannelServer(ray.util.get_node_ip_address(), settings.secret, self.receive)
         self.policy = policy
         policy.use_in_flight(lambda: self.in_flight)  # a policy that plans by load (Speculative(k="auto"))
@@ -316,35 +316,36 @@ class WorkerActor:
 
     def apply(self, item) -> None:
         worker = self.worker
-        if isinstance(item, wire.Submit):
-            self.check_aborted(item.req, item.inc)
-            self.tracks.arrive(item.req.request_id, 0, item.inc)
-            if not worker.submit(item.req):
-                self.refuse(item.req.request_id)
-        elif isinstance(item, wire.HandOff):
-            self.check_aborted(item.req, item.inc)
-            self.tracks.arrive(item.req.request_id, item.event_seq, item.inc)
-            if not worker.hand_off(item.msg, item.req):
-                self.refuse(item.req.request_id)
-        elif isinstance(item, wire.Abort):
-            self.tombstones[(item.request_id, item.inc)] = None
-            while len(self.tombstones) > TOMBSTONES:
-                self.tombstones.popitem(last=False)
-            worker.abort(item.request_id)
+        if isinstance(item, wire.ForIncarnation):
+            self.apply_for_incarnation(item)
         elif isinstance(item, wire.Release):
             worker.release(item.request_id)
         elif isinstance(item, wire.Stop):
             worker.stop()
         elif isinstance(item, wire.PeerLost):
             self.peer_lost(item.name, item.error)
-        elif isinstance(item, wire.Ping):
-            peer = self.peers.get(item.source)
+        elif isinstance(item, wire.Echo) and item.reply_to is not None:
+            peer = self.peers.get(item.reply_to)
             if isinstance(peer, PeerLink):
-                peer.link.send([wire.Pong(item.token)])
-        elif isinstance(item, wire.Pong):
-            waiting = self.pongs.get(item.token)
+                peer.link.send([wire.Echo(item.token)])
+        elif isinstance(item, wire.Echo):
+            waiting = self.echoes.get(item.token)
             if waiting is not None:
                 waiting.set()
+
+    def apply_for_incarnation(self, tagged: wire.ForIncarnation) -> None:
+        worker, item, inc = self.worker, tagged.item, tagged.inc
+        if isinstance(item, wire.Abort):
+            self.tombstones[(item.request_id, inc)] = None
+            while len(self.tombstones) > TOMBSTONES:
+                self.tombstones.popitem(last=False)
+            worker.abort(item.request_id)
+            return
+        self.check_aborted(item.req, inc)
+        self.tracks.arrive(item.req.request_id, tagged.event_seq, inc)
+        admitted = worker.submit(item.req) if isinstance(item, wire.Submit) else worker.hand_off(item.msg, item.req)
+        if not admitted:
+            self.refuse(item.req.request_id)
 
     def check_aborted(self, req: Request, inc: int) -> None:
         """An abort of this incarnation came first: the request ends when it arrives."""
@@ -422,7 +423,7 @@ class WorkerActor:
     @ray.method(concurrency_group="control")
     def ping_peers(self, n: int) -> dict[str, float]:
         """Median round trip to each peer actor on the path hand-offs take (its channel, or Ray
-        calls), a `Ping` there and its `Pong` back, in seconds."""
+        calls), an `Echo` there and back, in seconds."""
         out = {}
         for name, peer in self.peers.items():
             if not isinstance(peer, PeerLink):
@@ -430,11 +431,11 @@ class WorkerActor:
             rtts = []
             for i in range(n + 1):
                 token = random.getrandbits(62)
-                done = self.pongs[token] = threading.Event()
+                done = self.echoes[token] = threading.Event()
                 t0 = time.perf_counter()
-                peer.link.send([wire.Ping(self.name, token)])
+                peer.link.send([wire.Echo(token, reply_to=self.name)])
                 answered = done.wait(10.0)
-                del self.pongs[token]
+                del self.echoes[token]
                 if answered and i > 0:  # the first warms the line up
                     rtts.append(time.perf_counter() - t0)
             out[name] = statistics.median(rtts) if rtts else float("nan")

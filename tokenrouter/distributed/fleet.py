@@ -334,11 +334,11 @@ class Fleet:
         if item.release is not None:
             worker.release(item.release)
             return
-        h = item.handoff
+        h = item.handoff.item
         track = self.tracks.get(h.req.request_id)
         if track is None:  # ended meanwhile (aborted, or failed with a lost worker)
             return
-        track.local_next = max(h.event_seq, track.local_next or 0)
+        track.local_next = max(item.handoff.event_seq, track.local_next or 0)
         if not worker.hand_off(h.msg, track.req):  # the caller's own Request: its aborted flag is shared
             out: list[WorkerEvent] = []
             self._fail(track, worker.error or f"worker {item.target!r} is not running", out, "error" if worker.error else "abort")

@@ -60,7 +60,7 @@ class PeerLink:
         if self.error is not None:
             return False
         event_seq, inc = self.leave(req.request_id)
-        self._items.append(wire.HandOff(msg, req, event_seq, inc))
+        self._items.append(wire.ForIncarnation(wire.HandOff(msg, req), inc, event_seq))
         return True
 
     def release(self, request_id: str) -> None:

@@ -90,7 +90,7 @@ class RemoteWorker:
     def submit(self, req: Request) -> bool:
         if not self.alive:
             return False
-        self.link.send([wire.Submit(req, self.fleet.incarnation(req.request_id))])
+        self.link.send([wire.ForIncarnation(wire.Submit(req), self.fleet.incarnation(req.request_id))])
         return True
 
     def hand_off(self, msg, req: Request) -> bool:
@@ -98,7 +98,7 @@ class RemoteWorker:
         if not self.alive:
             return False
         event_seq, inc = self.fleet.leave(req.request_id)
-        self.link.send([wire.HandOff(msg, req, event_seq, inc)])
+        self.link.send([wire.ForIncarnation(wire.HandOff(msg, req), inc, event_seq)])
         return True
 
     def abort(self, request_id: str) -> None:
@@ -106,7 +106,7 @@ class RemoteWorker:
 
     def abort_incarnation(self, request_id: str, inc: int) -> None:
         if not self.lost:
-            self.link.send([wire.Abort(request_id, inc)])
+            self.link.send([wire.ForIncarnation(wire.Abort(request_id), inc)])
 
     def release(self, request_id: str) -> None:
         if not self.lost:

@@ -22,37 +22,19 @@ import pickle
 from dataclasses import dataclass, field
 
 from ..engine.events import WorkerEvent, WorkerStats
-from ..engine.inbox import Release, Stop  # the same messages as in one process: they cross as they are
-from ..engine.sequence import Request
-from ..policies.base import PeerMessage
+from ..engine.inbox import Abort, HandOff, Release, Stop, Submit  # the messages of one process cross as they are
 
 
 @dataclass(frozen=True)
-class Submit:
-    """A new request for its entry model."""
+class ForIncarnation:
+    """An inbox message (`Submit`, `HandOff` or `Abort`, as in one process) for one incarnation
+    of its request; a hand-off also carries the number its request's next event takes (the events
+    it had so far, on every worker). An abort ends that incarnation wherever it is, and one that
+    arrives before its request ends it on arrival."""
 
-    req: Request
+    item: Submit | HandOff | Abort
     inc: int
-
-
-@dataclass(frozen=True)
-class HandOff:
-    """A request moving to this worker, with the number its next event takes (the events it had
-    so far, on every worker)."""
-
-    msg: PeerMessage
-    req: Request
-    event_seq: int
-    inc: int
-
-
-@dataclass(frozen=True)
-class Abort:
-    """The caller ends a request (this incarnation of it), wherever it is; one that arrives later
-    is ended on arrival."""
-
-    request_id: str
-    inc: int
+    event_seq: int = 0
 
 
 @dataclass(frozen=True)
@@ -65,19 +47,15 @@ class PeerLost:
 
 
 @dataclass(frozen=True)
-class Ping:
-    """Answer with `Pong(token)` on the line back to `source` (measuring the transport)."""
+class Echo:
+    """Measuring the transport, like ICMP's echo: one that names `reply_to` goes back without it
+    on the line to that peer; one without it is the answer."""
 
-    source: str
     token: int
+    reply_to: str | None = None
 
 
-@dataclass(frozen=True)
-class Pong:
-    token: int
-
-
-Item = Submit | HandOff | Abort | Release | Stop | PeerLost | Ping | Pong
+Item = ForIncarnation | Release | Stop | PeerLost | Echo
 
 
 @dataclass(frozen=True)
@@ -98,7 +76,7 @@ class ToCaller:
     """A hand-off (or a release) for a worker in the caller's process."""
 
     target: str
-    handoff: HandOff | None = None
+    handoff: ForIncarnation | None = None  # of a HandOff
     release: str | None = None
 
 
