@@ -94,7 +94,10 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, data, ctrl_c_rais
     while threading.active_count() > threads and time.monotonic() < deadline:
         time.sleep(0.05)
     assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
-    assert set(problems(out)) == {("small", "Toy/0"), ("small", "Toy/1")}
+    # Toy/2 may have ended too: it generates while Toy/1 is tested in the sandbox, and a test that
+    # is running when the interrupt comes is finished and recorded on the way out.
+    on_disk = set(problems(out))
+    assert {("small", "Toy/0"), ("small", "Toy/1")} <= on_disk <= {("small", p.task_id) for p in PROBLEMS}
     # Refused without --resume, and with another configuration.
     rc, lines = run([*common, "--out", str(out)])
     assert rc == 2 and "pass --resume" in lines[-1]
@@ -107,9 +110,13 @@ def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, data, ctrl_c_rais
     # Resumed: only what was missing runs, and the results are those of an uninterrupted run.
     rc, lines = run([*common, "--out", str(out), "--resume"])
     assert rc == 0, lines
-    assert any("1 problem(s) to run (2 already done)" in line for line in lines)
+    missing = sorted({("small", p.task_id) for p in PROBLEMS} - on_disk)
+    if missing:
+        assert any(f"{len(missing)} problem(s) to run ({3 - len(missing)} already done)" in line for line in lines)
+    else:
+        assert any("small: every problem done" in line for line in lines), lines
     ran = [line for line in lines if line.startswith("[small] Toy/")]
-    assert [line.split(":")[0] for line in ran] == ["[small] Toy/2"]
+    assert [line.split(":")[0] for line in ran] == [f"[small] {t}" for _, t in missing]
     records = ResultsFile(out / "results.jsonl").read()
     keys = [(r["system"], r["task_id"]) for r in records if r["type"] == "problem"]
     assert len(keys) == len(set(keys)) == 6
