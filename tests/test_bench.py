@@ -352,21 +352,19 @@ def test_bench_runs_a_prompts_file(tiny_pair, tmp_path, capsys):
     assert [r["output_tokens"] for r in runs] == [9, 9]
 
 
+COUNT_FLAGS = ("--concurrency", "--repeats", "--requests", "--max-tokens", "--history-tokens", "--kv-cache-tokens",
+               "--threads-lockstep")  # fmt: skip
+CHOICE_FLAGS = {"--workload": "huge", "--systems": "vllm", "--size": "xl"}
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
-        (["--concurrency", "0"], "--concurrency: must be >= 1, got 0"),
-        (["--repeats", "x"], "--repeats: expected an integer, got 'x'"),
-        (["--requests", "-1"], "--requests: must be >= 1"),
-        (["--max-tokens", "0"], "--max-tokens: must be >= 1"),
-        (["--history-tokens", "0"], "--history-tokens: must be >= 1"),
+        *[([flag, bad], f"{flag}: must be >= 1, got {bad}") for flag in COUNT_FLAGS for bad in ("0", "-1")],
+        *[([flag, "2.5"], f"{flag}: expected an integer, got '2.5'") for flag in COUNT_FLAGS],
+        *[([flag, bad], f"{flag}: invalid choice: '{bad}'") for flag, bad in CHOICE_FLAGS.items()],
         (["--max-run-s", "0"], "--max-run-s: must be a positive number of seconds"),
         (["--max-run-s", "soon"], "--max-run-s: expected a number of seconds"),
-        (["--kv-cache-tokens", "0"], "--kv-cache-tokens: must be >= 1"),
-        (["--threads-lockstep", "0"], "--threads-lockstep: must be >= 1"),
-        (["--workload", "huge"], "--workload: invalid choice: 'huge'"),
-        (["--systems", "vllm"], "--systems: invalid choice: 'vllm'"),
-        (["--size", "xl"], "--size: invalid choice: 'xl'"),
         (["--workload", "short", "--turns", "3"], "--turns is only for the agentic workload"),
         (["--workload", "long", "--history-tokens", "64"], "--history-tokens is only for the agentic workload"),
         (["--prompts", "/no/such.jsonl"], "--prompts: /no/such.jsonl: no such file"),
