@@ -452,6 +452,40 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
     assert ks[0] >= 3 and next_model == [0, 0]  # 2 in flight: cheap drafts again
 
 
+def test_auto_starts_a_request_on_the_target_when_it_plans_no_drafts():
+    """k="auto" starts a request on the draft model only when drafting pays at the load now; at a
+    load where the verifier is compute-bound the target takes the prompt in itself. Asking has
+    no side effect: the acceptance estimate does not drift."""
+    spec = Speculative(k="auto")
+    spec.auto.use_profiles(lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16))  # memory-bound up to 16 tokens
+    in_flight = {"n": 1}
+    spec.use_in_flight(lambda: in_flight["n"])
+    assert spec.start_model() == "small"
+    in_flight["n"] = 64
+    rate = spec.auto.rate
+    assert spec.start_model() == "large" and spec.auto.rate == rate
+    assert Speculative(k=4).start_model() == "small"  # a fixed k always drafts
+
+
+class _NeverDrafts(Speculative):
+    """k="auto" with measured costs replaced by ones under which no draft ever pays."""
+
+    def use_profiles(self, profiles: dict) -> None:
+        self.auto.use_profiles(lambda b: 10.0, lambda n: 1.0)
+
+
+def test_requests_planned_without_drafts_never_visit_the_draft_model(tiny_pair, tokenizer, monkeypatch, tmp_path):
+    """Served: with no draft worth writing, the draft model takes in no prompt and writes nothing,
+    and the answers are the large model's (Hugging Face generate)."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))  # k="auto" profiles the models: cache them here
+    work = _workload(tokenizer, n=6)
+    outs, stats = _serve(_specs(tiny_pair), _NeverDrafts(k="auto"), work)
+    for (prompt, n), out in zip(work, outs):
+        assert out.token_ids == hf_greedy(tiny_pair["large"], prompt, n)
+        assert set(out.token_models) == {"large"} and out.num_handoffs == 0
+    assert stats["small"].tokens_processed == 0 and stats["small"].handoffs_received == 0
+
+
 def test_a_policy_bound_to_an_engine_still_travels_to_an_actor():
     """The in-flight count is a closure over one engine (locks and all); a copy (as Ray sends a
     policy to an actor) leaves it behind, so a policy an in-process engine used can be placed."""

@@ -548,10 +548,13 @@ class Engine:
                 self._request_metrics.record(proc.output())
 
     def _submit(self, req: Request) -> None:
+        model = self.policy.start_model()
+        if model not in self.workers:
+            raise ConfigError(f"{self.policy!r}.start_model() gave {model!r}, not one of its models {self.policy.models}")
         if self._fleet is not None:
-            self._fleet.submitted(req)
-        if not self.workers[self.policy.entry_model].submit(req):
-            raise EngineNotRunningError(f"worker {self.policy.entry_model!r} is not running")
+            self._fleet.submitted(req, model)
+        if not self.workers[model].submit(req):
+            raise EngineNotRunningError(f"worker {model!r} is not running")
 
     def _resubmit(self, msg, req: Request, proc: OutputProcessor) -> None:
         """Send a handed-off request to its next model as a new request with the whole sequence."""

@@ -245,13 +245,12 @@ class Fleet:
             worker.handoff_delay_s = statistics.mean(peers) / 2 if peers else 0.0  # over WorkerThread's 0
 
     # ---- requests ---------------------------------------------------------------------------
-    def submitted(self, req: Request) -> None:
-        """The engine submits a request (to its entry model): follow it from here."""
+    def submitted(self, req: Request, entry: str) -> None:
+        """The engine submits a request to model `entry`: follow it from here."""
         if req.grammar is not None:
             raise InvalidRequestError(
                 "response_format", "constrained output is not supported yet with models in Ray actors (docs/distributed.md)"
             )
-        entry = self.policy.entry_model
         with self._lock:
             self.tracks[req.request_id] = Track(
                 req, next(self._incs), entry, local_next=0 if entry in self.local else None

@@ -179,6 +179,12 @@ class Policy(ABC):
         """The model every request starts on (default: the first)."""
         return self.models[0]
 
+    def start_model(self) -> str:
+        """The model a new request starts on, asked once as the engine submits it (default:
+        `entry_model`). A policy that plans by load may start a request elsewhere. Every model
+        uses `entry_model`'s tokenizer either way: the engine checks they encode alike."""
+        return self.entry_model
+
     def route(self, result: StepResult) -> Route:
         """Decide, for a batch, keep/discard and who writes next. Default: stay."""
         return Route.stay(result)

@@ -75,6 +75,19 @@ class Speculative(Policy):
     def draft_length(self, batch: int) -> int:
         return self.auto.choose(batch) if self.auto is not None else self.k
 
+    def start_model(self) -> str:
+        """The target when k="auto" plans no drafts at the load now: a request started on the
+        draft model would have its prompt taken in there only to write one tentative token and
+        move on (the demo pair at C = 16 lost 8% to that)."""
+        if self.auto is None:
+            return self.draft
+        if self._engine_in_flight is not None:
+            load = self._engine_in_flight()
+        else:
+            now = time.monotonic()
+            load = 1 + sum(n for n, t in self._last_batch.values() if now - t < self.STALE_S)
+        return self.target if self.auto.best(load) == 0 else self.draft
+
     STALE_S = 2.0  # a model that has not stepped for this long holds no request
 
     def use_in_flight(self, count) -> None:
@@ -187,7 +200,8 @@ class AutoDraftLength:
     def rate(self) -> float:
         return min(0.99, max(0.0, self.accepted / self.drafted))
 
-    def choose(self, batch: int) -> int:
+    def best(self, batch: int) -> int:
+        """The draft length with the most tokens per unit of time at this batch (no side effect)."""
         a = self.rate
         best_k, best = 0, 1.0  # k = 0: the target alone, one token per target step
         for k in range(1, self.max_k + 1):
@@ -195,6 +209,11 @@ class AutoDraftLength:
             speed = tokens / (k * self.draft_cost(batch) + self.verify_cost(batch, k))
             if speed > best * 1.02:  # a clear gain, not noise in the profiles
                 best_k, best = k, speed
+        return best_k
+
+    def choose(self, batch: int) -> int:
+        """`best`, for a step that acts on it."""
+        best_k = self.best(batch)
         if best_k == 0:
             # No drafts, so no news of the acceptance rate: a few bad drafts (say, where the
             # answer starts) must not switch drafting off for good. Drift back to the prior, so
