@@ -425,6 +425,32 @@ def test_auto_draft_length_follows_acceptance_and_cost_and_retries():
     assert steps > 10  # not at once: the rejections still count for a while
 
 
+def test_auto_learns_the_acceptance_rate_per_judged_draft():
+    """The cycle formula's a is the chance that a judged draft is accepted; drafts after the
+    first rejection are never judged. Cycles of 4 drafts alternating "all 4 accepted" and "the
+    first accepted, the second rejected" judge 6 drafts for 5 accepted: a = 5/6, not 5/8."""
+    from tokenrouter.policies.base import VerifyResult
+
+    spec = Speculative(k="auto")
+    drafts = torch.tensor([[5, 6, 7, 8]])
+
+    def cycle(accepted: int):
+        logits = torch.zeros(1, 5, 16)
+        for j in range(4):
+            logits[0, j, int(drafts[0, j]) if j < accepted else 0] = 1.0  # the target's argmax
+        result = VerifyResult(
+            model="large", model_index=1, request_ids=["r"], sources=["small"], start=torch.tensor([3]),
+            num_drafts=torch.tensor([4]), drafts=drafts, logits=logits, num_generated=torch.tensor([0]),
+            states=[{}], params=[SamplingParams(temperature=0)], seeds=[0],
+        )  # fmt: skip
+        assert int(spec.verify(result).accept[0]) == accepted
+
+    for _ in range(200):
+        cycle(4)
+        cycle(1)
+    assert abs(spec.auto.rate - 5 / 6) < 0.02, spec.auto.rate
+
+
 def test_auto_draft_length_plans_for_every_request_in_the_engine():
     """k="auto" plans for the requests in flight in the engine (use_in_flight), not for the rows
     of the step at hand: a target step of 2 rows while 16 requests are in flight drafts nothing

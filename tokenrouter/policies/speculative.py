@@ -137,8 +137,8 @@ class Speculative(Policy):
             if p.temperature > 0:  # one request at a time: each has its own seed stream
                 drafts, logits = result.drafts[i, :n], result.logits[i, : n + 1]
                 accept[i], tokens[i] = self._sample_accept(result, i, drafts, logits, q[-n:])
-            if self.auto is not None:
-                self.auto.observe(int(accept[i]), n)
+            if self.auto is not None:  # drafts after the first rejection were never judged
+                self.auto.observe(int(accept[i]), min(n, int(accept[i]) + 1))
         return Verdict(accept=accept, tokens=tokens)
 
     def _sample_accept(self, result: VerifyResult, i: int, drafts, logits, q: list[torch.Tensor]) -> tuple[int, int]:
@@ -178,11 +178,11 @@ class AutoDraftLength:
 
     HALF_LIFE = 64  # drafts: the acceptance rate follows the recent traffic
     RETRY_HALF_LIFE = 32  # steps without drafts: the estimate drifts back to the prior
-    PRIOR = (4.0, 5.0)  # accepted, drafted: 0.8 (the demo pair's greedy agreement)
+    PRIOR = (4.0, 5.0)  # accepted, judged: 0.8 (the demo pair's greedy agreement)
 
     def __init__(self, max_k: int):
         self.max_k = max_k
-        self.accepted, self.drafted = self.PRIOR
+        self.accepted, self.judged = self.PRIOR
         self.draft_cost = lambda b: 1 / 3  # seconds of a draft step over a target step, for b rows
         self.verify_cost = lambda b, k: 1.0  # a target step over b rows of k + 1 tokens, over one of b rows
 
@@ -191,14 +191,20 @@ class AutoDraftLength:
         self.draft_cost = lambda b: draft_latency(b) / target_latency(b)
         self.verify_cost = lambda b, k: target_latency(b * (k + 1)) / target_latency(b)
 
-    def observe(self, accepted: int, drafted: int) -> None:
-        decay = 0.5 ** (drafted / self.HALF_LIFE)
+    def observe(self, accepted: int, judged: int) -> None:
+        """One verified draft: `accepted` drafts kept of the `judged` ones compared with the
+        target, the accepted ones and the first rejection. The acceptance rate the cycle formula
+        needs is per judged position, accepted / judged; drafts after a rejection count for
+        nothing (counting every draft would make a = 0.85 at k = 4 look like 0.68, and the
+        lower estimate would pick a shorter k, which lowers it less: a = 0.85 at k = 2 looks
+        like 0.79)."""
+        decay = 0.5 ** (judged / self.HALF_LIFE)
         self.accepted = self.accepted * decay + accepted
-        self.drafted = self.drafted * decay + drafted
+        self.judged = self.judged * decay + judged
 
     @property
     def rate(self) -> float:
-        return min(0.99, max(0.0, self.accepted / self.drafted))
+        return min(0.99, max(0.0, self.accepted / self.judged))
 
     def best(self, batch: int) -> int:
         """The draft length with the most tokens per unit of time at this batch (no side effect)."""
@@ -220,5 +226,5 @@ class AutoDraftLength:
             # that a later step drafts again and measures.
             keep = 0.5 ** (1 / self.RETRY_HALF_LIFE)
             self.accepted = self.accepted * keep + self.PRIOR[0] * (1 - keep)
-            self.drafted = self.drafted * keep + self.PRIOR[1] * (1 - keep)
+            self.judged = self.judged * keep + self.PRIOR[1] * (1 - keep)
         return best_k
