@@ -1,0 +1,49 @@
+#!/usr/bin/env python
+"""Greedy Speculative(k) at C = 1 on the first 8 bench_routing TASKS (48 tokens each, demo pair):
+the drafts each request had accepted beside what teacher-forced agreement says they must be
+(speculative_agreement.py's results), and where each worker's time went (engine.stats()
+deltas: forward, whole steps, idle). k = 0 runs the large model alone.
+
+    python benchmarks/speculative_probe.py 2
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import anyio
+from bench_routing import TASKS
+
+from tokenrouter import Engine, SamplingParams
+from tokenrouter.policies import Single, Speculative
+
+FIELDS = ("steps", "tokens_processed", "time_forward_s", "time_step_s", "time_idle_s", "time_waiting_for_cores_s")
+AGREEMENT = os.path.join(os.path.dirname(__file__), "results", "speculative", "agreement.jsonl")
+
+
+async def main(k: int) -> None:
+    predicted = [json.loads(line) for line in open(AGREEMENT)][:8]
+    async with Engine(policy=Speculative(k=k) if k else Single("large")) as e:
+        await e.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8))  # warm-up
+        before, t0, small = e.stats(), time.perf_counter(), 0
+        for i, task in enumerate(TASKS[:8]):
+            params = SamplingParams(temperature=0, max_tokens=48, ignore_eos=True)
+            out = await e.generate([{"role": "user", "content": task}], params)
+            small += out.token_models.count("small")
+            if k:
+                want = predicted[i][f"k{k}"]["accepted"] if f"k{k}" in predicted[i] else None
+                print(f"task {i}: accepted {out.token_models.count('small')}, teacher-forced {want}, hand-offs {out.num_handoffs}")
+        wall = time.perf_counter() - t0
+        after = e.stats()
+    print(f"k={k}: {8 * 48 / wall:.2f} tok/s, wall {wall:.1f} s, small wrote {small}")
+    for model in after:
+        print(model, {f: round(getattr(after[model], f) - getattr(before[model], f), 2) for f in FIELDS})
+
+
+if __name__ == "__main__":
+    anyio.run(main, int(sys.argv[1]) if len(sys.argv) > 1 else 2)
