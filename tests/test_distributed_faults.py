@@ -127,3 +127,37 @@ def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails
                 await engine.generate(PROMPTS[0], PARAMS)
 
     anyio.run(main)
+
+
+def test_batches_sent_once_a_worker_is_down_say_so():
+    """A request refused after an actor's worker died ends with the worker's error. The batch that
+    carries that end must say the worker is down, so that a caller who sees the request fail
+    finds `health()` saying so too. Before, only the final batch said it, and a refusal could
+    arrive first (a fresh-clone run saw health() healthy after its requests had failed)."""
+    from tokenrouter.distributed import wire
+    from tokenrouter.distributed.actor import CallerQueue
+    from tokenrouter.engine.events import WorkerEvent
+
+    class Channel:  # the direct channel's interface, keeping what was sent
+        usable = True
+
+        def __init__(self):
+            self.sent = []
+
+        def send(self, data: bytes) -> bool:
+            self.sent.append(wire.loads(data))
+            return True
+
+    queue = CallerQueue("large")
+    queue.channel = Channel()
+
+    def end(request_id: str, error: str | None) -> None:
+        queue.stage_events([wire.NumberedEvent(WorkerEvent(request_id, [], "large", finish_reason="error", error=error), 0)])
+        queue.publish()
+
+    end("a", None)
+    queue.mark_down("worker 'large' died: RuntimeError: boom")
+    end("b", "worker 'large' died: RuntimeError: boom")
+    first, second = queue.channel.sent
+    assert (first.alive, first.error) == (True, None)
+    assert (second.alive, second.error) == (False, "worker 'large' died: RuntimeError: boom") and not second.stopped

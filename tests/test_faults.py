@@ -176,3 +176,23 @@ def test_closing_never_hangs_on_a_stuck_worker(tiny_pair, caplog):
             anyio.run(main)
         finally:
             release.set()
+
+
+@pytest.mark.parametrize("error", [None, "worker 'large' died: RuntimeError: injected"])
+def test_a_hand_off_left_in_the_inbox_of_a_stopping_worker_ends_as_its_requests_do(tiny_model, error):
+    """A hand-off that reaches a worker after its loop broke (drained while it shuts down) ends
+    with the worker's error, as the requests it held do; only a worker stopped on purpose ends
+    it as aborted. A fresh-clone run saw one such request end "abort" beside others ending
+    "error" for the same death."""
+    from tokenrouter.engine.model_core import ModelCore, Outbox
+    from tokenrouter.engine.sequence import Request
+    from tokenrouter.policies import Single
+    from tokenrouter.policies.base import PeerMessage
+
+    core = ModelCore("large", ModelSpec(path=tiny_model), Single("large"))  # never loaded: refusing needs none
+    req = Request("r", [5, 6, 7], SamplingParams(max_tokens=4), 0, frozenset(), 4)
+    out = Outbox()
+    core.receive(PeerMessage("r", "small", "large", [8], start=3), req, out, refuse=True, error=error)
+    (event,) = out.events
+    assert (event.finish_reason, event.error) == (("abort", None) if error is None else ("error", error))
+    assert out.releases == ["r"] and not core.seqs

@@ -122,6 +122,7 @@ class CallerQueue:
         self._ready = wire.EventBatch(source=source)
         self._closed = False  # the worker has stopped
         self._final_sent = False  # ... and its last batch went on the channel
+        self._down: tuple[str | None] | None = None  # (its error,) once it no longer steps
 
     def stage_events(self, events: list[wire.NumberedEvent]) -> None:
         with self._cond:
@@ -136,6 +137,13 @@ class CallerQueue:
             self._staged.census.append(census)
         self.publish()
 
+    def mark_down(self, error: str | None) -> None:
+        """The worker no longer steps (it died, or it is stopping): every batch from now on says
+        so. A request refused then ends with the worker's error, and the caller must know the
+        worker is down before it sees that end, not only with the last batch."""
+        with self._cond:
+            self._down = (error,)
+
     def publish(self, final: wire.EventBatch | None = None) -> None:
         """Send what is staged (and `final`'s flags with it, once the worker has stopped)."""
         with self._send_lock:
@@ -148,6 +156,8 @@ class CallerQueue:
                     return
                 if self.channel is not None and self.channel.usable:
                     batch, self._ready = self._ready, wire.EventBatch(source=self.source)
+                    if self._down is not None:
+                        batch.alive, batch.error = False, self._down[0]
                 else:
                     batch = None
             if batch is not None:
@@ -204,6 +214,7 @@ class ActorWorker(LinkedWorker):
         """The requests' last events stay staged and leave in the final batch, with the worker's
         death: a caller that sees a request end with the error then finds `health()` saying so."""
         self.after_delivery = None
+        self.queue.mark_down(self.error)  # before the inbox closes: what it refuses goes out marked
         try:
             super().shut_down()
         finally:

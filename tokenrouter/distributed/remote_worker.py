@@ -206,7 +206,7 @@ class RemoteWorker:
         if not batch.stopped and self._stopped.is_set():
             self.fleet.receive(self.name, batch)  # a request refused after the stop: its end
             return
-        self._thread_alive = batch.alive
+        self._thread_alive = self._thread_alive and batch.alive  # a take made before it went down says nothing new
         if batch.error is not None:
             self.error = batch.error
         if batch.stats is not None:

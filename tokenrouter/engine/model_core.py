@@ -172,15 +172,20 @@ class ModelCore:
             seq.prompt_logprobs = []
         self._admit(seq)
 
-    def receive(self, msg: PeerMessage, req: Request, out: Outbox, refuse: bool = False) -> None:
+    def receive(
+        self, msg: PeerMessage, req: Request, out: Outbox, refuse: bool = False, error: str | None = None
+    ) -> None:
         """A request arrives from a peer: take the suffix, then catch up (or prefill if new here).
-        `refuse`: the worker is stopping, so the request ends here instead."""
+        `refuse`: the worker is stopping, so the request ends here instead: with `error` when the
+        worker died (as the requests it held end), else as aborted."""
         self.counters.handoffs_received += 1
         seq = self.seqs.get(msg.request_id)
         if req.aborted or refuse:  # aborted in transit: end it here
             if seq is not None:
                 self._release(seq)
-            out.events.append(WorkerEvent(req.request_id, [], self.name, finish_reason="abort"))
+            failed = refuse and error is not None and not req.aborted
+            reason = "error" if failed else "abort"
+            out.events.append(WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=error if failed else None))
             out.releases.append(req.request_id)
             return
         held = len(seq.token_ids) if seq is not None else 0

@@ -290,7 +290,7 @@ class WorkerThread:
         if isinstance(message, Submit):
             core.add(message.req)
         elif isinstance(message, HandOff):
-            core.receive(message.msg, message.req, out, refuse=self.stopping or self.inbox.closed)
+            core.receive(message.msg, message.req, out, refuse=self.stopping or self.inbox.closed, error=self.error)
         elif isinstance(message, Abort):
             core.abort(message.request_id, out)
         elif isinstance(message, Release):
