@@ -122,7 +122,8 @@ class CallerQueue:
         self._ready = wire.EventBatch(source=source)
         self._closed = False  # the worker has stopped
         self._final_sent = False  # ... and its last batch went on the channel
-        self._down: tuple[str | None] | None = None  # (its error,) once it no longer steps
+        self._down = False  # it no longer steps: every batch says so, with `_down_error`
+        self._down_error: str | None = None
 
     def stage_events(self, events: list[wire.NumberedEvent]) -> None:
         with self._cond:
@@ -142,7 +143,7 @@ class CallerQueue:
         so. A request refused then ends with the worker's error, and the caller must know the
         worker is down before it sees that end, not only with the last batch."""
         with self._cond:
-            self._down = (error,)
+            self._down, self._down_error = True, error
 
     def publish(self, final: wire.EventBatch | None = None) -> None:
         """Send what is staged (and `final`'s flags with it, once the worker has stopped)."""
@@ -156,8 +157,8 @@ class CallerQueue:
                     return
                 if self.channel is not None and self.channel.usable:
                     batch, self._ready = self._ready, wire.EventBatch(source=self.source)
-                    if self._down is not None:
-                        batch.alive, batch.error = False, self._down[0]
+                    if self._down:
+                        batch.alive, batch.error = False, self._down_error
                 else:
                     batch = None
             if batch is not None:
