@@ -280,6 +280,13 @@ class ModelSpec(BaseModel):
         description="Float32 CPU linear layers through oneDNN, weights reordered once at load (decode steps "
         "about 2x faster on CPU). None: wherever it applies; True: required; False: torch's default path.",
     )
+    quantization: Literal["int8"] | None = Field(
+        None,
+        description="'int8': the linear layers (but the MLP output projections) with int8 weights and "
+        "per-step int8 activations, CPU float32 only (engine/int8_linear.py): a decode step reads a "
+        "quarter of the weight bytes. Lossy: meant for a draft model, whose tokens a verifying policy "
+        "checks. None: the weights as loaded.",
+    )
 
     attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
         "auto",
@@ -346,6 +353,11 @@ class ModelSpec(BaseModel):
     def _one_budget(self) -> ModelSpec:
         if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
             raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
+        if self.quantization is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in ("auto", "float32")):
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on device 'cpu' in float32 only, "
+                f"not device={self.device!r} with dtype={self.dtype!r}"
+            )
         return self
 
     @classmethod

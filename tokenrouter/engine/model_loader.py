@@ -16,7 +16,7 @@ import torch
 
 from ..config import ModelSpec
 from ..errors import ModelLoadError
-from . import attention, onednn_linear
+from . import attention, int8_linear, onednn_linear
 from .weights import load_streaming
 
 _DTYPES = {
@@ -38,7 +38,9 @@ class LoadedModel:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
-    linear_kernel: str = "torch"  # "onednn" when the linear layers were packed (engine/onednn_linear.py)
+    # "onednn" when the linear layers were packed (engine/onednn_linear.py); "int8+onednn" or
+    # "int8+torch" when quantized (engine/int8_linear.py), the kept float32 ones on the named kernel
+    linear_kernel: str = "torch"
 
 
 def resolve_dtype(spec: ModelSpec, config) -> torch.dtype:
@@ -113,7 +115,8 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     _check_attention(spec, model)
     model.to(device).eval()
     vocab_size = model.get_output_embeddings().weight.shape[0]
-    linear_kernel = _pack_linears(spec, model, dtype, device)
+    quantized = _quantize_linears(spec, model, dtype, device)
+    linear_kernel = quantized + _pack_linears(spec, model, dtype, device)
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name, spec=spec, model=model, tokenizer=tokenizer, dtype=dtype, device=device, vocab_size=vocab_size,
@@ -148,6 +151,16 @@ def _usable_device(spec: ModelSpec) -> torch.device:
                 f"device={spec.device!r} for {spec.path}: only {torch.cuda.device_count()} CUDA device(s) here"
             )
     return device
+
+
+def _quantize_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
+    """"int8+" if the linear layers were quantized (`spec.quantization`), else ""."""
+    if spec.quantization is None:
+        return ""
+    if not int8_linear.applies(device, dtype):
+        why = "this torch build has no fbgemm int8 kernels" if not int8_linear.available() else f"it needs float32 on CPU, not {dtype} on {device}"
+        raise ModelLoadError(f"quantization={spec.quantization!r} for {spec.path}: {why}")
+    return "int8+" if int8_linear.quantize_linears(model) else ""
 
 
 def _pack_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:

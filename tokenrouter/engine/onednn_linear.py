@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import torch
 
+from .linear_replace import replace_linears
+
 # oneDNN's kernels for one or two rows are slower here than for four (AVX2, measured per layer and
 # per step), so smaller inputs are padded with zero rows up to this many.
 MIN_ROWS = 4
@@ -61,21 +63,5 @@ class PackedLinear(torch.nn.Module):
 
 
 def pack_linears(model: torch.nn.Module) -> int:
-    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many.
-
-    One layer at a time, holding no reference to the layers already replaced: each dense weight is
-    freed as soon as its packed copy exists, so packing costs one layer's weight at the peak, not
-    a second copy of the model."""
-    shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
-    names = [
-        name for name, m in model.named_modules()
-        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
-    ]  # fmt: skip
-    for name in names:
-        owner, _, leaf = name.rpartition(".")
-        parent = model.get_submodule(owner)
-        child = parent.get_submodule(leaf)
-        tied = child.weight if id(child.weight) in shared else None
-        setattr(parent, leaf, PackedLinear(child, tied))
-        del child, tied
-    return len(names)
+    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many."""
+    return replace_linears(model, PackedLinear)
