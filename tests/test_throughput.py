@@ -348,6 +348,36 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
     anyio.run(main)
 
 
+def test_profile_samples_round_robin_over_its_points(tiny_pair):
+    """A burst of other work on the machine should slow one sample of many points (the medians
+    drop it), not every sample of one point: the samples go round robin over the grid."""
+    points = [(1, 0), (2, 0), (4, 0), (1, 8)]
+
+    def measure(core):
+        runs, forward = [], core.runner.forward
+
+        def recording(batch):
+            runs.append((batch.num_decode, sum(batch.num_new) - batch.num_decode))
+            return forward(batch)
+
+        core.runner.forward = recording
+        try:
+            prof = latency_profile.measure(core, batch_sizes=(1, 2, 4), catch_up_tokens=(0, 8), repeats=3)
+        finally:
+            core.runner.forward = forward
+        return runs, prof
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=1) as engine:
+            return await anyio.to_thread.run_sync(engine.workers["small"].call(measure).result)
+
+    runs, prof = anyio.run(main)
+    grid = [(p.b, p.c) for p in prof.points]
+    assert sorted(grid) == sorted(points + [(4, 8)])  # the cross and its corner
+    assert runs[2:] == grid * 3  # after two warm-up runs: three rounds over the grid
+    assert all(len(p.samples) == 3 for p in prof.points)
+
+
 def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch, tmp_path, tokenizer):
     monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
     policy = RStitch(tau=TINY_PAIR_TAU)

@@ -5,7 +5,8 @@ sequences whose KV blocks come from (and go back to) the core's BlockManager, b 
 `context` cached tokens each, plus one catch-up row of c new tokens after `context` cached ones
 (a request back from a peer). It must run in the thread that steps the core, between steps
 (`WorkerThread.call`; `Engine.profile()` sends it). Each point is the median of a few
-timed runs of forward + reading the sampled tokens back (so a GPU step is waited for).
+timed runs of forward + reading the sampled tokens back (so a GPU step is waited for), taken
+round robin over the points.
 
 The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max).
 The throughput model reads it as `TableLatency`, seconds against the tokens in the step (b + c),
@@ -41,7 +42,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 1
+PROFILE_VERSION = 2  # 2: samples taken round robin over the points
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 CATCH_UP_TOKENS = (0, 8, 32, 128)
 REPEATS = 3
@@ -268,10 +269,15 @@ def measure(
 
         run(1, 0)  # warm-up: allocator, first-call paths
         run(*max(points))
-        measured = []
-        for b, c in points:
-            samples = tuple(run(b, c) for _ in range(max(1, repeats)))
-            measured.append(ProfilePoint(b, c, statistics.median(samples), samples))
+        # Round robin over the points, not each point's samples in a row: a burst of other work
+        # on the machine (another process, a peer worker's prefill) then slows one sample of many
+        # points, which the medians drop, instead of every sample of one point, which skews the
+        # table's shape (a one-row step measured slower than a two-row one on the demo pair).
+        samples: dict[tuple[int, int], list[float]] = {p: [] for p in points}
+        for _ in range(max(1, repeats)):
+            for b, c in points:
+                samples[(b, c)].append(run(b, c))
+        measured = [ProfilePoint(b, c, statistics.median(samples[(b, c)]), tuple(samples[(b, c)])) for b, c in points]
     finally:
         for seq in seqs:
             blocks.free(seq)
