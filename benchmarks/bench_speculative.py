@@ -6,6 +6,8 @@ RStitch, in one run, on the coding questions of bench_routing.py (every request 
   large        the large model alone through this engine (policy Single)
   speculative  Speculative(draft="small", target="large", k=auto): lossless, so its greedy
                tokens must equal the large model's
+  speculative-int8  the same with the small model's linear layers in int8 (ModelSpec
+               quantization="int8"), only with --int8-draft: a quarter of the weight bytes per draft step
   routed       RStitch(tau) (default 0.03): the small model writes, the large one where unsure
   bild         BiLD(fallback, rollback), only when --bild is given
 
@@ -64,7 +66,7 @@ def differences(result, tokenizer, large_path: str) -> list[dict]:
         by.setdefault((run.concurrency, run.system), []).append(run)
     found, model = [], None
     for (c, system), runs in sorted(by.items()):
-        if system != "speculative" or (c, "large") not in by:
+        if not system.startswith("speculative") or (c, "large") not in by:
             continue
         ref = by[(c, "large")][0].outputs()
         for run in runs:
@@ -80,7 +82,7 @@ def differences(result, tokenizer, large_path: str) -> list[dict]:
                     logits = model(torch.tensor([prompt + want[:at]])).logits[0, -1]
                 top2 = logits.topk(2)
                 found.append({
-                    "concurrency": c, "repeat": run.repeat, "session": key[0], "turn": key[1], "position": at,
+                    "system": system, "concurrency": c, "repeat": run.repeat, "session": key[0], "turn": key[1], "position": at,
                     "speculative_token": tokens[at], "large_token": want[at],
                     "top2_tokens": top2.indices.tolist(), "top2_logit_gap": float(top2.values[0] - top2.values[1]),
                 })  # fmt: skip
@@ -93,27 +95,37 @@ def main(args) -> None:
 
     paths = model_paths(args)
     others = {"speculative": Speculative(draft="small", target="large", k=args.k)}
-    systems = ["large", "speculative", "routed"]
+    systems = ["large", "speculative", *(["routed"] if args.tau > 0 else [])]
+    options = {}
+    if args.int8_draft:  # the same small checkpoint, int8 (ModelSpec quantization), as a second drafter
+        paths["small8"], options["small8"] = paths["small"], {"quantization": "int8"}
+        others["speculative-int8"] = Speculative(draft="small8", target="large", k=args.k)
+        systems.insert(2, "speculative-int8")
     if args.bild:
         others["bild"] = BiLD(fallback=args.bild[0], rollback=args.bild[1])
         systems.append("bild")
+    if args.systems:
+        unknown = sorted(set(args.systems) - set(systems))
+        if unknown:
+            raise SystemExit(f"--systems: {unknown[0]!r} is not one of {', '.join(systems)}")
+        systems = [s for s in systems if s in args.systems]
     cfg = BenchConfig(
         models=paths, policy=RStitch(tau=args.tau), other_policies=others, systems=systems,
         workloads=[tasks_workload(args.max_tokens)], concurrency=args.concurrency, repeats=args.repeats, min_requests=args.min_requests,
-        kv_cache_tokens=args.kv_cache_tokens, reuse_engines=True,
+        kv_cache_tokens=args.kv_cache_tokens, reuse_engines=True, model_options=options,
     )  # fmt: skip
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
     result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=print))
     diffs = differences(result, tokenizer, paths["large"])
-    compared = sum(len(r.outputs()) for r in result.runs if r.system == "speculative")
+    compared = sum(len(r.outputs()) for r in result.runs if r.system.startswith("speculative"))
     print()
     print(markdown(result), end="")
     print(f"\nspeculative vs large alone: {len(diffs)} of {compared} answers differ")
     for d in diffs:
         print(
-            f"  C={d['concurrency']} #{d['repeat'] + 1} session {d['session']}: first at token {d['position']}, "
+            f"  {d['system']} C={d['concurrency']} #{d['repeat'] + 1} session {d['session']}: first at token {d['position']}, "
             f"top-2 logit gap {d['top2_logit_gap']:.4f} ({d['speculative_token']} vs {d['large_token']})"
         )
     for w in result.warnings:
@@ -134,8 +146,10 @@ if __name__ == "__main__":
     p.add_argument("--small")
     p.add_argument("--large")
     p.add_argument("--k", type=_k, default="auto", help="Speculative's draft length, or auto (default)")
-    p.add_argument("--tau", type=float, default=0.03, help="RStitch's tau (default 0.03)")
+    p.add_argument("--tau", type=float, default=0.03, help="RStitch's tau (default 0.03); 0: no routed system")
+    p.add_argument("--int8-draft", action="store_true", help="also Speculative with the small model in int8")
     p.add_argument("--bild", type=float, nargs=2, metavar=("FALLBACK", "ROLLBACK"), help="also run BiLD")
+    p.add_argument("--systems", nargs="+", help="run only these of the systems above")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--max-tokens", type=int, default=48, help="tokens every request writes (EOS ignored)")
     p.add_argument("--min-requests", type=int, default=8, help="requests per level: max(this, C)")

@@ -7,6 +7,10 @@ every draft exactly: the tokens per draft-and-verify cycle a greedy Speculative(
 follow for each k, with no engine involved (bench_speculative.py measures the engine's).
 
     python benchmarks/speculative_agreement.py --out benchmarks/results/speculative/agreement.jsonl
+    python benchmarks/speculative_agreement.py --int8 --out benchmarks/results/speculative-int8/agreement.jsonl
+
+`--int8` also scores a copy of the small model with its linear layers in int8, as
+`ModelSpec(quantization="int8")` loads it (engine/int8_linear.py), on the same answers.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=len(TASKS), help="the first N tasks (default all 16)")
     ap.add_argument("--max-tokens", type=int, default=48, help="answer length, as bench_speculative.py")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--int8", action="store_true", help="also the small model in int8 (ModelSpec quantization)")
     ap.add_argument("--out", default=None, help="JSON lines, one per task")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -50,6 +55,12 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(large_path)
     large = AutoModelForCausalLM.from_pretrained(large_path, dtype=torch.float32).eval()
     small = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
+    drafters = {"": small}
+    if args.int8:
+        from tokenrouter.engine.int8_linear import quantize_linears
+
+        drafters["int8_"] = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
+        quantize_linears(drafters["int8_"])
     n = args.max_tokens
     out = open(args.out, "w") if args.out else None
     rows = []
@@ -58,17 +69,21 @@ def main() -> None:
             prompt = chat_ids(tok, [{"role": "user", "content": task}])
             answer = large.generate(torch.tensor([prompt]), max_new_tokens=n, min_new_tokens=n, do_sample=False)
             y = answer[0, len(prompt) :].tolist()
-            guess = small(torch.tensor([prompt + y])).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
-            agree = [int(a == b) for a, b in zip(guess, y)]
-            row = {"task": i, "agree": sum(agree) / len(y), "agree_bits": "".join(map(str, agree))}
-            for k in (1, 2, 3, 4):
-                c, acc = cycles(agree, k)
-                row[f"k{k}"] = {"cycles": c, "accepted": acc, "tokens_per_cycle": len(y) / c}
+            row = {"task": i}
+            for prefix, drafter in drafters.items():
+                guess = drafter(torch.tensor([prompt + y])).logits[0, len(prompt) - 1 : -1].argmax(-1).tolist()
+                agree = [int(a == b) for a, b in zip(guess, y)]
+                row[f"{prefix}agree"], row[f"{prefix}agree_bits"] = sum(agree) / len(y), "".join(map(str, agree))
+                for k in (1, 2, 3, 4):
+                    c, acc = cycles(agree, k)
+                    row[f"{prefix}k{k}"] = {"cycles": c, "accepted": acc, "tokens_per_cycle": len(y) / c}
             rows.append(row)
             print(json.dumps(row), file=out or None, flush=True)
-    print(f"agreement, mean over {len(rows)} tasks: {sum(r['agree'] for r in rows) / len(rows):.3f}")
-    for k in (1, 2, 3, 4):
-        print(f"k = {k}: {len(rows) * n / sum(r[f'k{k}']['cycles'] for r in rows):.2f} tokens per cycle")
+    for prefix in drafters:
+        name = prefix.rstrip("_") or "float32"
+        print(f"{name}: agreement, mean over {len(rows)} tasks: {sum(r[f'{prefix}agree'] for r in rows) / len(rows):.3f}")
+        for k in (1, 2, 3, 4):
+            print(f"  k = {k}: {len(rows) * n / sum(r[f'{prefix}k{k}']['cycles'] for r in rows):.2f} tokens per cycle")
 
 
 if __name__ == "__main__":

@@ -5,13 +5,14 @@ the drafts each request had accepted beside what teacher-forced agreement says t
 deltas: forward, whole steps, idle). k = 0 runs the large model alone.
 
     python benchmarks/speculative_probe.py 2
+    python benchmarks/speculative_probe.py 3 --int8     # the small model in int8 (ModelSpec quantization)
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
-import sys
 import time
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -19,16 +20,19 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import anyio
 from bench_routing import TASKS
 
-from tokenrouter import Engine, SamplingParams
+from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import Single, Speculative
 
 FIELDS = ("steps", "tokens_processed", "time_forward_s", "time_step_s", "time_idle_s", "time_waiting_for_cores_s")
 AGREEMENT = os.path.join(os.path.dirname(__file__), "results", "speculative", "agreement.jsonl")
 
 
-async def main(k: int) -> None:
+async def main(k: int, int8: bool) -> None:
     predicted = [json.loads(line) for line in open(AGREEMENT)][:8]
-    async with Engine(policy=Speculative(k=k) if k else Single("large")) as e:
+    models = None  # the demo pair
+    if int8:
+        models = {"small": ModelSpec(path="qwen-coder-0.5b", quantization="int8"), "large": ModelSpec(path="qwen-coder-1.5b")}
+    async with Engine(models=models, policy=Speculative(k=k) if k else Single("large")) as e:
         await e.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8))  # warm-up
         before, t0, small = e.stats(), time.perf_counter(), 0
         for i, task in enumerate(TASKS[:8]):
@@ -42,8 +46,14 @@ async def main(k: int) -> None:
         after = e.stats()
     print(f"k={k}: {8 * 48 / wall:.2f} tok/s, wall {wall:.1f} s, small wrote {small}")
     for model in after:
-        print(model, {f: round(getattr(after[model], f) - getattr(before[model], f), 2) for f in FIELDS})
+        delta = {f: round(getattr(after[model], f) - getattr(before[model], f), 2) for f in FIELDS}
+        per_step = delta["time_forward_s"] / max(1, delta["steps"])
+        print(model, delta, f"forward per step {per_step:.3f} s")
 
 
 if __name__ == "__main__":
-    anyio.run(main, int(sys.argv[1]) if len(sys.argv) > 1 else 2)
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("k", type=int, nargs="?", default=2, help="draft length; 0: the large model alone")
+    ap.add_argument("--int8", action="store_true", help="the small model's linear layers in int8")
+    args = ap.parse_args()
+    anyio.run(main, args.k, args.int8)

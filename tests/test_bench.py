@@ -300,6 +300,25 @@ def test_a_reused_engine_starts_every_run_cold(tiny_pair, tokenizer):
         assert first.metrics()["output_tokens"] == second.metrics()["output_tokens"]
 
 
+def test_model_options_reach_every_system_that_loads_the_model(tiny_pair):
+    from tokenrouter.bench.harness import open_engine
+
+    cfg = tiny_config(tiny_pair, systems=["routed", "large"], model_options={"large": {"block_size": 8}})
+    cfg.check()
+
+    async def block_sizes(system: str) -> dict:
+        engine = await open_engine(cfg, system, 1024)
+        try:
+            return {name: loaded.spec.block_size for name, loaded in engine.loaded.items()}
+        finally:
+            await engine.close()
+
+    assert anyio.run(lambda: block_sizes("routed")) == {"small": 16, "large": 8}
+    assert anyio.run(lambda: block_sizes("large")) == {"large": 8}
+    with pytest.raises(ConfigError, match="model_options: 'medium' is not one of the models"):
+        tiny_config(tiny_pair, model_options={"medium": {"block_size": 8}}).check()
+
+
 def test_a_kv_budget_too_small_is_refused_before_loading(tiny_pair, tokenizer):
     cfg = tiny_config(tiny_pair, kv_cache_tokens=64)
     with pytest.raises(BenchError, match="kv_cache_tokens: 64 is too small.*raise --kv-cache-tokens"):

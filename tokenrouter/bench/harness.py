@@ -53,6 +53,9 @@ class BenchConfig:
     models: dict[str, str | Path]
     policy: Policy
     workloads: list[WorkloadSpec]
+    # more ModelSpec fields per model name, in every system that loads it (e.g. {"small8":
+    # {"quantization": "int8"}}: the same checkpoint as "small", quantized, under its own name)
+    model_options: dict[str, dict] = field(default_factory=dict)
     systems: list[str] = field(default_factory=lambda: list(SYSTEMS))
     # more routed systems, each under its own policy over the same models (e.g. "speculative":
     # Speculative(k="auto") beside RStitch's "routed"); name them in `systems` to run them
@@ -99,6 +102,9 @@ class BenchConfig:
             missing = [m for m in policy.models if m not in self.models]
             if missing:
                 raise ConfigError(f"models: {name} names {missing}, which are not given")
+        unknown = sorted(set(self.model_options) - set(self.models))
+        if unknown:
+            raise ConfigError(f"model_options: {unknown[0]!r} is not one of the models ({', '.join(self.models)})")
         names = [w.name for w in self.workloads]
         if len(set(names)) != len(names):
             raise ConfigError(f"workloads: each may be given once, got {names}")
@@ -251,6 +257,7 @@ async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> En
             device=cfg.device,
             dtype=cfg.dtype,
             **({} if cfg.cuda_graph_max_batch is None else {"cuda_graph_max_batch": cfg.cuda_graph_max_batch}),
+            **cfg.model_options.get(m, {}),
         )
         for m in policy.models
     }
@@ -431,7 +438,7 @@ async def run_bench(
         "threads_lockstep": cfg.threads_lockstep, "max_run_s": cfg.max_run_s, "reuse_engines": cfg.reuse_engines,
         "other_policies": {name: repr(p) for name, p in cfg.other_policies.items()},
         "seed": cfg.seed, "device": cfg.device, "dtype": cfg.dtype, "warmup_tokens": cfg.warmup_tokens,
-        "cuda_graph_max_batch": cfg.cuda_graph_max_batch,
+        "cuda_graph_max_batch": cfg.cuda_graph_max_batch, "model_options": cfg.model_options,
     }  # fmt: skip
     return BenchResult(
         command=command, models={m: str(p) for m, p in cfg.models.items()}, policy=repr(cfg.policy),
