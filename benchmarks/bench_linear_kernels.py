@@ -32,7 +32,7 @@ async def step_times(path, threads: int, onednn: bool | None, repeats: int) -> d
         kernel = engine.loaded["m"].linear_kernel
         assert (kernel == "onednn") == (onednn is not False), f"asked onednn_linear={onednn}, got {kernel}"
         prof = (await engine.profile(refresh=True))["m"]
-    return {(p.b, p.c): p.latency_s for p in prof.points}
+    return {(p.b, p.c): p.latency_s for p in prof.step_points}
 
 
 def main() -> None:

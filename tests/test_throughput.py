@@ -18,6 +18,7 @@ from tokenrouter.autobatch.throughput_model import (
     LatencyModel,
     RoutingStats,
     TableLatency,
+    VerifyLatency,
     binomial_pmf,
     choose_b,
     expected_wait,
@@ -193,6 +194,21 @@ def test_table_latency_reads_the_profile():
             TableLatency(**bad)
 
 
+def test_verify_latency_reads_the_checks_by_rows_and_tokens():
+    decode = TableLatency.from_points([(1, 0.5), (4, 0.6), (16, 1.0)])
+    checks = VerifyLatency.from_points(decode, [(1, 3, 0.7), (16, 3, 2.0), (1, 5, 0.9), (16, 5, 3.0)])
+    assert checks(1, 1) == pytest.approx(0.5)  # t = 1: the decode rows
+    assert checks(16, 3) == pytest.approx(2.0)  # measured
+    assert checks(16, 2) == pytest.approx((1.0 + 2.0) / 2)  # between decode and t = 3
+    assert checks(4, 3) == pytest.approx(0.7 + 3 * 1.3 / 15)  # linear in b between measured rows
+    assert checks(16, 4) == pytest.approx(2.5)  # linear in t
+    assert checks(16, 9) == pytest.approx(3.0 + 4 * 0.5)  # beyond the last t: along the last segment
+    assert checks(32, 3) == pytest.approx(2.0 + 16 * 1.3 / 15)  # beyond the last b too
+    assert VerifyLatency(decode)(4, 4) == pytest.approx(1.0)  # nothing measured: the decode table at b * t
+    with pytest.raises(ValueError, match="VerifyLatency"):
+        VerifyLatency(decode, ((3, decode), (2, decode)))
+
+
 def test_calibration_scales_the_profile_to_the_steps_observed():
     from tokenrouter.autobatch.controller import MIN_CALIBRATION_STEPS, calibrate
 
@@ -320,8 +336,10 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
                 assert prof.source == "measured"
                 assert prof.measured_in_thread == f"tokenrouter-worker-{name}"
                 assert prof.path == tmp_path / "profiles" / f"{prof.key}.json" and prof.path.exists()
-                lat = {(p.b, p.c): p.latency_s for p in prof.points}
-                assert all(v > 0 for v in lat.values())
+                lat = {(p.b, p.c): p.latency_s for p in prof.step_points}
+                assert all(p.latency_s > 0 for p in prof.points)
+                checks = {(p.b, p.t) for p in prof.points if p.t > 1}
+                assert checks == {(b, t) for b in (1, 4, 16) for t in (2, 3, 5, 9)} - {(16, 9)}  # 144 > 128 tokens
                 b_max = max(b for b, c in lat if c == 0)
                 c_max = max(c for b, c in lat if b == 1)
                 assert b_max == 32 and c_max == 127  # capped by max_num_batched_tokens=128
@@ -351,31 +369,40 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
 def test_profile_samples_round_robin_over_its_points(tiny_pair):
     """A burst of other work on the machine should slow one sample of many points (the medians
     drop it), not every sample of one point: the samples go round robin over the grid."""
-    points = [(1, 0), (2, 0), (4, 0), (1, 8)]
+    points = [(1, 0, 1), (2, 0, 1), (4, 0, 1), (1, 8, 1), (4, 8, 1), (2, 0, 3)]  # the cross, its corner, a check
 
     def measure(core):
         runs, forward = [], core.runner.forward
 
         def recording(batch):
-            runs.append((batch.num_decode, sum(batch.num_new) - batch.num_decode))
-            return forward(batch)
+            out = forward(batch)
+            checked = tuple(len(logits) for _, logits in sorted(out.verify.items()))
+            runs.append((batch.num_decode, tuple(batch.num_new), checked))
+            return out
 
         core.runner.forward = recording
         try:
-            prof = latency_profile.measure(core, batch_sizes=(1, 2, 4), catch_up_tokens=(0, 8), repeats=3)
+            prof = latency_profile.measure(
+                core, batch_sizes=(1, 2, 4), catch_up_tokens=(0, 8), repeats=3, check_batch_sizes=(2,), check_tokens=(3,)
+            )
         finally:
             core.runner.forward = forward
-        return runs, prof
+        return runs, prof, core.blocks.num_free == core.blocks.num_blocks
 
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=1) as engine:
             return await anyio.to_thread.run_sync(engine.workers["small"].call(measure).result)
 
-    runs, prof = anyio.run(main)
-    grid = [(p.b, p.c) for p in prof.points]
-    assert sorted(grid) == sorted(points + [(4, 8)])  # the cross and its corner
-    assert runs[2:] == grid * 3  # after two warm-up runs: three rounds over the grid
+    runs, prof, all_free = anyio.run(main)
+    grid = [(p.b, p.c, p.t) for p in prof.points]
+    assert sorted(grid) == sorted(points)
+
+    def shape(b, c, t):  # decode rows and a catch-up row, or a check: b rows of t, logits at all t
+        return (b, (1,) * b + ((c,) if c else ()), ()) if t == 1 else (0, (t,) * b, (t,) * b)
+
+    assert runs[2:] == [shape(*p) for p in grid] * 3  # after two warm-up runs: three rounds over the grid
     assert all(len(p.samples) == 3 for p in prof.points)
+    assert all_free
 
 
 def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch, tmp_path, tokenizer):

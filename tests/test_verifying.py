@@ -425,6 +425,27 @@ def test_auto_draft_length_follows_acceptance_and_cost_and_retries():
     assert steps > 10  # not at once: the rejections still count for a while
 
 
+def test_auto_draft_length_plans_with_the_measured_cost_of_a_check():
+    """A check of b rows of k + 1 tokens keeps logits at every position, so it can cost more than
+    the target's step of b * (k + 1) tokens; with the check's measured cost, k="auto" drafts
+    nothing where the step table alone says drafting pays."""
+    from tokenrouter.policies.speculative import AutoDraftLength
+
+    def draft(b):
+        return 0.08 * (1 + b / 64)
+
+    def target(n):
+        return 0.29 * max(1.0, n / 16)  # memory-bound up to 16 tokens
+
+    table_only, checked = AutoDraftLength(8), AutoDraftLength(8)
+    table_only.use_profiles(draft, target)
+    checked.use_profiles(draft, target, lambda b, t: target(b) * (1 + 0.6 * (t - 1)))  # each token checked: 0.6 steps
+    assert table_only.best(4) >= 2  # 4 rows of up to 4 tokens: one memory-bound step
+    assert checked.best(4) == 0
+    checked.use_profiles(draft, target, lambda b, t: target(b * t))  # the same costs as the table: the same plan
+    assert checked.best(4) == table_only.best(4)
+
+
 def test_auto_learns_the_acceptance_rate_per_judged_draft():
     """The cycle formula's a is the chance that a judged draft is accepted; drafts after the
     first rejection are never judged. Cycles of 4 drafts alternating "all 4 accepted" and "the

@@ -11,7 +11,10 @@ round robin over the points.
 The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max).
 The throughput model reads it as `TableLatency`, seconds against the tokens in the step (b + c),
 which is what a step's cost follows (b decode rows and one row of c cost about what b + c decode
-rows do); `LatencyModel` (a + s*b + k*c, least squares with s, k >= 0) is kept as a summary. Profiles are
+rows do); `LatencyModel` (a + s*b + k*c, least squares with s, k >= 0) is kept as a summary.
+Beside it, checks: b rows of t tokens each with logits at every position, the step a verifier
+runs over k = t - 1 drafts per request (`VerifyLatency`, which `Speculative(k="auto")` plans
+with); they cost more than b * t decode rows would, so the step table cannot stand in. Profiles are
 cached as JSON under the store home, `profiles/<key>.json`, keyed by the model path, dtype,
 device, kernels (linear layers, attention backend, CUDA graph sizes), block size, torch threads
 and the grid, and reused.
@@ -35,26 +38,29 @@ from ..config import SamplingParams
 from ..files import write_text_atomic
 from ..engine.batch import ScheduledBatch
 from ..engine.sequence import Request, SeqStatus, Sequence
-from .throughput_model import LatencyModel, TableLatency
+from .throughput_model import LatencyModel, TableLatency, VerifyLatency
 
 if TYPE_CHECKING:
     from ..engine.model_core import ModelCore
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 2  # 2: samples taken round robin over the points
+PROFILE_VERSION = 3  # 2: samples taken round robin over the points; 3: checks (b rows of t tokens)
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 CATCH_UP_TOKENS = (0, 8, 32, 128)
+CHECK_BATCH_SIZES = (1, 4, 16)
+CHECK_TOKENS = (2, 3, 5, 9)  # k + 1 for k = 1, 2, 4, 8 drafts
 REPEATS = 3
 CONTEXT = 64  # cached tokens of every dummy sequence
 
 
 @dataclass(frozen=True)
 class ProfilePoint:
-    b: int  # decode rows
+    b: int  # rows: decode rows, or with t > 1 a check's rows
     c: int  # catch-up tokens (one extra row), 0 for none
     latency_s: float  # median of samples
     samples: tuple[float, ...] = ()
+    t: int = 1  # new tokens in each of the b rows; > 1: a check, logits at every position
 
 
 @dataclass
@@ -71,9 +77,19 @@ class LatencyProfile:
     path: Path | None = None  # where it is cached
 
     @property
+    def step_points(self) -> list[ProfilePoint]:
+        """The points of decode rows and a catch-up row (not the checks)."""
+        return [p for p in self.points if p.t == 1]
+
+    @property
     def table(self) -> TableLatency:
         """Seconds against tokens in the step, from the measured points."""
-        return TableLatency.from_points((p.b + p.c, p.latency_s) for p in self.points)
+        return TableLatency.from_points((p.b + p.c, p.latency_s) for p in self.step_points)
+
+    @property
+    def checks(self) -> VerifyLatency:
+        """Seconds for b rows of t tokens with logits at every position (a verifier's check)."""
+        return VerifyLatency.from_points(self.table, ((p.b, p.t, p.latency_s) for p in self.points if p.t > 1))
 
     def to_json(self) -> dict:
         return {
@@ -84,7 +100,9 @@ class LatencyProfile:
             "created": self.created,
             "context_used": self.context_used,
             "fit": {"a": self.fit.a, "s": self.fit.s, "k": self.fit.k},
-            "points": [{"b": p.b, "c": p.c, "latency_s": p.latency_s, "samples": list(p.samples)} for p in self.points],
+            "points": [
+                {"b": p.b, "c": p.c, "t": p.t, "latency_s": p.latency_s, "samples": list(p.samples)} for p in self.points
+            ],
         }
 
     @classmethod
@@ -96,7 +114,8 @@ class LatencyProfile:
             key=d["key"],
             info=d["info"],
             points=[
-                ProfilePoint(int(p["b"]), int(p["c"]), float(p["latency_s"]), tuple(p["samples"])) for p in d["points"]
+                ProfilePoint(int(p["b"]), int(p["c"]), float(p["latency_s"]), tuple(p["samples"]), int(p["t"]))
+                for p in d["points"]
             ],
             fit=LatencyModel(**{k: float(v) for k, v in d["fit"].items()}),
             created=float(d.get("created", 0.0)),
@@ -107,7 +126,14 @@ class LatencyProfile:
 
 
 # ---- cache -------------------------------------------------------------------------------
-def profile_info(core: ModelCore, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH_UP_TOKENS, context=CONTEXT) -> dict:
+def profile_info(
+    core: ModelCore,
+    batch_sizes=BATCH_SIZES,
+    catch_up_tokens=CATCH_UP_TOKENS,
+    context=CONTEXT,
+    check_batch_sizes=CHECK_BATCH_SIZES,
+    check_tokens=CHECK_TOKENS,
+) -> dict:
     """What a profile depends on (the cache key is a hash of it); the core must be loaded."""
     loaded = core.loaded
     assert loaded is not None, "the model is not loaded"
@@ -125,6 +151,8 @@ def profile_info(core: ModelCore, batch_sizes=BATCH_SIZES, catch_up_tokens=CATCH
         "batch_sizes": list(batch_sizes),
         "catch_up_tokens": list(catch_up_tokens),
         "context": context,
+        "check_batch_sizes": list(check_batch_sizes),
+        "check_tokens": list(check_tokens),
     }
 
 
@@ -200,36 +228,45 @@ def _grid(batch_sizes, catch_up_tokens, max_b: int, budget: int) -> list[tuple[i
     return sorted({(b, c) for b, c in points if b + c <= budget})
 
 
+def _check_grid(check_batch_sizes, check_tokens, max_b: int, budget: int) -> list[tuple[int, int]]:
+    """(b, t) checks: b rows of t tokens, those that fit the row and token limits."""
+    return sorted({(b, t) for b in check_batch_sizes for t in check_tokens if 1 <= b <= max_b and t >= 2 and b * t <= budget})
+
+
 def measure(
     core: ModelCore,
     batch_sizes=BATCH_SIZES,
     catch_up_tokens=CATCH_UP_TOKENS,
     repeats: int = REPEATS,
     context: int = CONTEXT,
+    check_batch_sizes=CHECK_BATCH_SIZES,
+    check_tokens=CHECK_TOKENS,
 ) -> LatencyProfile:
     """Time the core's forward on synthetic batches. Runs in the thread that steps the core,
     between steps (`WorkerThread.call`)."""
-    info = profile_info(core, batch_sizes, catch_up_tokens, context)
+    info = profile_info(core, batch_sizes, catch_up_tokens, context, check_batch_sizes, check_tokens)
     spec, blocks, loaded = core.spec, core.blocks, core.loaded
     assert loaded is not None
     budget = spec.max_num_batched_tokens
-    points = _grid(batch_sizes, catch_up_tokens, spec.max_num_seqs, budget)
-    if not points:
+    steps = _grid(batch_sizes, catch_up_tokens, spec.max_num_seqs, budget)
+    if not steps:
         raise RuntimeError(f"model {core.name!r}: no profile point fits max_num_batched_tokens={budget}")
-    c_max = max(c for _, c in points)
-    ctx = max(1, min(context, loaded.max_model_len - c_max - 2))
+    points = [(b, c, 1) for b, c in steps] + [(b, 0, t) for b, t in _check_grid(check_batch_sizes, check_tokens, spec.max_num_seqs, budget)]
+    c_max = max(c for _, c, _ in points)
+    t_max = max(t for _, _, t in points)  # the rows' length past their context
+    ctx = max(1, min(context, loaded.max_model_len - max(c_max, t_max) - 2))
 
     def blocks_needed(ctx: int, b_max: int) -> int:
-        return b_max * blocks.blocks_for(ctx + 1) + (blocks.blocks_for(ctx + c_max) if c_max else 0)
+        return b_max * blocks.blocks_for(ctx + t_max) + (blocks.blocks_for(ctx + c_max) if c_max else 0)
 
-    while ctx > 1 and blocks_needed(ctx, max(b for b, _ in points)) > blocks.num_free:
+    while ctx > 1 and blocks_needed(ctx, max(b for b, _, _ in points)) > blocks.num_free:
         ctx //= 2
-    while points and blocks_needed(ctx, max(b for b, _ in points)) > blocks.num_free:
-        b_top = max(b for b, _ in points)
-        points = [(b, c) for b, c in points if b < b_top]
-    if not points:
+    while points and blocks_needed(ctx, max(b for b, _, _ in points)) > blocks.num_free:
+        b_top = max(b for b, _, _ in points)
+        points = [p for p in points if p[0] < b_top]
+    if not any(t == 1 for _, _, t in points):
         raise RuntimeError(f"model {core.name!r}: not enough free KV blocks to profile ({blocks.num_free} free)")
-    b_max = max(b for b, _ in points)
+    b_max = max(b for b, _, _ in points)
 
     vocab = loaded.vocab_size
     params = SamplingParams(temperature=0.0, max_tokens=1)
@@ -245,48 +282,51 @@ def measure(
 
     seqs: list[Sequence] = []
     try:
-        decodes = []
-        for i in range(b_max):
-            decodes.append(dummy(i, ctx + 1))
-            seqs.append(decodes[-1])
+        rows = [dummy(i, ctx + t_max) for i in range(b_max)]
+        seqs.extend(rows)
+        full = {id(seq): list(seq.token_ids) for seq in rows}
         catch = None
         if c_max:
             catch = dummy(b_max, ctx + c_max)
             seqs.append(catch)
-        full = list(catch.token_ids) if catch is not None else []
+            full[id(catch)] = list(catch.token_ids)
 
-        def run(b: int, c: int) -> float:
-            rows, num_new = decodes[:b], [1] * b
+        def run(b: int, c: int, t: int) -> float:
+            for seq in rows[:b]:  # t new tokens each; a check keeps logits from the first on
+                seq.token_ids = full[id(seq)][: ctx + t]
+                seq.verify_start = ctx + 1 if t > 1 else None
+            step, num_new = rows[:b], [t] * b
             if c:
-                catch.token_ids = full[: ctx + c]
-                rows = rows + [catch]
-                num_new = num_new + [c]
-            batch = ScheduledBatch(seqs=rows, num_new=num_new, num_decode=b)
+                catch.token_ids = full[id(catch)][: ctx + c]
+                step, num_new = step + [catch], num_new + [c]
+            batch = ScheduledBatch(seqs=step, num_new=num_new, num_decode=b if t == 1 else 0)
             t0 = time.perf_counter()
             out = core.runner.forward(batch)
             out.logits.argmax(dim=-1).tolist()  # waits for the device, like a real step's sampling
             return time.perf_counter() - t0
 
-        run(1, 0)  # warm-up: allocator, first-call paths
+        run(1, 0, 1)  # warm-up: allocator, first-call paths
         run(*max(points))
         # Round robin over the points, not each point's samples in a row: a burst of other work
         # on the machine (another process, a peer worker's prefill) then slows one sample of many
         # points, which the medians drop, instead of every sample of one point, which skews the
         # table's shape (a one-row step measured slower than a two-row one on the demo pair).
-        samples: dict[tuple[int, int], list[float]] = {p: [] for p in points}
+        samples: dict[tuple[int, int, int], list[float]] = {p: [] for p in points}
         for _ in range(max(1, repeats)):
-            for b, c in points:
-                samples[(b, c)].append(run(b, c))
-        measured = [ProfilePoint(b, c, statistics.median(samples[(b, c)]), tuple(samples[(b, c)])) for b, c in points]
+            for point in points:
+                samples[point].append(run(*point))
+        measured = [ProfilePoint(b, c, statistics.median(v), tuple(v), t) for (b, c, t), v in samples.items()]
     finally:
         for seq in seqs:
+            seq.verify_start = None
             blocks.free(seq)
+    step_points = [p for p in measured if p.t == 1]
     return LatencyProfile(
         model=core.name,
         key=profile_key(info),
         info=info,
         points=measured,
-        fit=fit_latency(measured),
+        fit=fit_latency(step_points),
         created=time.time(),
         context_used=ctx,
         source="measured",

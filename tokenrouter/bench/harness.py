@@ -124,13 +124,14 @@ class BenchResult:
     summaries: list[Summary]
     warnings: list[str]
     wall_s: float
+    profiles: dict[str, dict] = field(default_factory=dict)  # system: {model: the step-latency profile it planned with}
 
     def to_dict(self) -> dict:
         return {
             "command": self.command, "models": self.models, "policy": self.policy, "machine": self.machine,
             "settings": self.settings, "workloads": self.workloads, "warnings": self.warnings,
             "wall_s": self.wall_s, "summaries": [s.to_dict() for s in self.summaries],
-            "runs": [r.to_dict() for r in self.runs],
+            "runs": [r.to_dict() for r in self.runs], "profiles": self.profiles,
         }  # fmt: skip
 
 
@@ -379,6 +380,7 @@ async def run_bench(
         f" x {', '.join(cfg.systems)} x {cfg.repeats}; {models}; {cfg.policy!r}; KV {kv} tokens per model"
     )
     runs: list[Run] = []
+    profiles: dict[str, dict] = {}
     engine: Engine | None = None
     engine_system = None
     checked = False
@@ -390,6 +392,8 @@ async def run_bench(
                 release_memory()
             if engine is None:
                 engine, engine_system = await open_engine(cfg, system, kv), system
+                if engine.profiles:  # k="auto" or delayed_batching="auto" planned with these
+                    profiles.setdefault(system, {m: p.to_json() for m, p in engine.profiles.items()})
                 if not checked:
                     _check_context(engine, cfg, plan)
                     checked = True
@@ -443,5 +447,5 @@ async def run_bench(
     return BenchResult(
         command=command, models={m: str(p) for m, p in cfg.models.items()}, policy=repr(cfg.policy),
         machine=machine_info(), settings=settings, workloads=workloads, runs=runs, summaries=summaries,
-        warnings=warnings, wall_s=time.perf_counter() - t_start,
+        warnings=warnings, wall_s=time.perf_counter() - t_start, profiles=profiles,
     )  # fmt: skip

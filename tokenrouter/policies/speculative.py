@@ -70,7 +70,7 @@ class Speculative(Policy):
     def use_profiles(self, profiles: dict) -> None:
         if self.auto is not None:
             draft, target = profiles[self.draft].table, profiles[self.target].table
-            self.auto.use_profiles(lambda b: float(draft(b)), lambda n: float(target(n)))
+            self.auto.use_profiles(lambda b: float(draft(b)), lambda n: float(target(n)), profiles[self.target].checks)
 
     def draft_length(self, batch: int) -> int:
         return self.auto.choose(batch) if self.auto is not None else self.k
@@ -184,10 +184,14 @@ class AutoDraftLength:
         self.draft_cost = lambda b: 1 / 3  # seconds of a draft step over a target step, for b rows
         self.verify_cost = lambda b, k: 1.0  # a target step over b rows of k + 1 tokens, over one of b rows
 
-    def use_profiles(self, draft_latency, target_latency) -> None:
-        """Step latencies (seconds against tokens in the step) of the draft and target models."""
+    def use_profiles(self, draft_latency, target_latency, check_latency=None) -> None:
+        """Step latencies (seconds against tokens in the step) of the draft and target models, and
+        the target's for b rows of t tokens checked (`VerifyLatency`; without it, the target's
+        step of b * t tokens, which undercounts a check)."""
+        if check_latency is None:
+            check_latency = lambda b, t: target_latency(b * t)  # noqa: E731
         self.draft_cost = lambda b: draft_latency(b) / target_latency(b)
-        self.verify_cost = lambda b, k: target_latency(b * (k + 1)) / target_latency(b)
+        self.verify_cost = lambda b, k: check_latency(b, k + 1) / target_latency(b)
 
     def observe(self, accepted: int, judged: int) -> None:
         """One verified draft: `accepted` drafts kept of the `judged` ones compared with the
