@@ -499,6 +499,25 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
     assert ks[0] >= 3 and next_model == [0, 0]  # 2 in flight: cheap drafts again
 
 
+def test_the_drafter_hands_its_whole_step_to_the_target_once_a_row_is_due():
+    """Rows out of phase (one at its k-th draft, others at their first) go to the target together,
+    so that its check covers every request at once; none goes while none is due."""
+    from tokenrouter.policies.base import StepResult
+
+    def draft_step(tentative):
+        rows = len(tentative)
+        result = StepResult(
+            model="small", model_index=0, request_ids=[str(i) for i in range(rows)], tokens=torch.zeros(rows, dtype=torch.long),
+            logits=torch.zeros(rows, 8), num_generated=torch.ones(rows, dtype=torch.long), states=[{} for _ in range(rows)],
+            params=[SamplingParams(temperature=0)] * rows, seeds=[0] * rows, tentative=torch.tensor(tentative),
+        )  # fmt: skip
+        return Speculative(k=3).route(result).next_model.tolist()
+
+    assert draft_step([1, 2, 2]) == [0, 0, 0]
+    assert draft_step([3, 1, 2]) == [1, 1, 1]
+    assert draft_step([2]) == [0] and draft_step([3]) == [1]
+
+
 def test_auto_starts_a_request_on_the_target_when_it_plans_no_drafts():
     """k="auto" starts a request on the draft model only when drafting pays at the load now; at a
     load where the verifier is compute-bound the target takes the prompt in itself. Asking has

@@ -116,7 +116,14 @@ class Speculative(Policy):
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
             plan = self.draft_length(self._in_flight(result.model, n)) if self.auto is not None else self.k
             k = torch.tensor([s.get("k", plan) for s in result.states])
-            move = result.tentative >= k
+            due = result.tentative >= k
+            # The whole step goes to the target once any of its rows is due, those with shorter
+            # drafts too: so the target checks every request in one step, as vLLM's and SGLang's
+            # lock-step drafting does. Rows handed to the drafter at different times (prompts
+            # taken in over several steps, k changing with the load) would otherwise stay out of
+            # phase for good, and each model step only part of the batch: on the demo pair at
+            # 16 in flight the target stepped on 11.6 rows on average, for 0.91x its speed alone.
+            move = due | (due.any() & (result.tentative >= 1))
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
         k = self.draft_length(self._in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
         for state in result.states:
