@@ -101,7 +101,8 @@ class LatencyProfile:
             "context_used": self.context_used,
             "fit": {"a": self.fit.a, "s": self.fit.s, "k": self.fit.k},
             "points": [
-                {"b": p.b, "c": p.c, "t": p.t, "latency_s": p.latency_s, "samples": list(p.samples)} for p in self.points
+                {"b": p.b, "c": p.c, "t": p.t, "latency_s": p.latency_s, "samples": list(p.samples)}
+                for p in self.points
             ],
         }
 
@@ -230,7 +231,8 @@ def _grid(batch_sizes, catch_up_tokens, max_b: int, budget: int) -> list[tuple[i
 
 def _check_grid(check_batch_sizes, check_tokens, max_b: int, budget: int) -> list[tuple[int, int]]:
     """(b, t) checks: b rows of t tokens, those that fit the row and token limits."""
-    return sorted({(b, t) for b in check_batch_sizes for t in check_tokens if 1 <= b <= max_b and t >= 2 and b * t <= budget})
+    grid = itertools.product(check_batch_sizes, check_tokens)
+    return sorted({(b, t) for b, t in grid if 1 <= b <= max_b and t >= 2 and b * t <= budget})
 
 
 def measure(
@@ -251,7 +253,8 @@ def measure(
     steps = _grid(batch_sizes, catch_up_tokens, spec.max_num_seqs, budget)
     if not steps:
         raise RuntimeError(f"model {core.name!r}: no profile point fits max_num_batched_tokens={budget}")
-    points = [(b, c, 1) for b, c in steps] + [(b, 0, t) for b, t in _check_grid(check_batch_sizes, check_tokens, spec.max_num_seqs, budget)]
+    checks = _check_grid(check_batch_sizes, check_tokens, spec.max_num_seqs, budget)
+    points = [(b, c, 1) for b, c in steps] + [(b, 0, t) for b, t in checks]
     c_max = max(c for _, c, _ in points)
     t_max = max(t for _, _, t in points)  # the rows' length past their context
     ctx = max(1, min(context, loaded.max_model_len - max(c_max, t_max) - 2))

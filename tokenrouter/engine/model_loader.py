@@ -158,7 +158,9 @@ def _quantize_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtyp
     if spec.quantization is None:
         return ""
     if not int8_linear.applies(device, dtype):
-        why = "this torch build has no fbgemm int8 kernels" if not int8_linear.available() else f"it needs float32 on CPU, not {dtype} on {device}"
+        why = f"it needs float32 on CPU, not {dtype} on {device}"
+        if not int8_linear.available():
+            why = "this torch build has no fbgemm int8 kernels"
         raise ModelLoadError(f"quantization={spec.quantization!r} for {spec.path}: {why}")
     return "int8+" if int8_linear.quantize_linears(model) else ""
 
