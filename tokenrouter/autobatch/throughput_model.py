@@ -184,8 +184,9 @@ class VerifyLatency:
     t a curve over b (a TableLatency whose "tokens" are rows), linear in t between them, and
     t = 1 the model's decode rows. Why not the decode table at b * t tokens: a check's rows keep
     logits at every position (the vocabulary projection runs b * t times, not b) and attend over
-    their new tokens: on the 1.5B demo model a step of 16 rows of 3 took 2.3 decode steps of 16
-    in a benchmark (before short extend rows were batched), where the table said 1.6."""
+    their new tokens. On the 1.5B demo model a step of 16 rows of 3 took 2.3 decode steps of 16
+    while each extend row had its own attention call, where the table said 1.6; with short
+    extend rows batched it took 1.75 s against the table's 1.70 (docs/benchmarks.md)."""
 
     decode: TableLatency  # the model's step table (seconds against tokens in a step)
     rows: tuple[tuple[int, TableLatency], ...] = ()  # (t, seconds against b), t >= 2, increasing
