@@ -318,7 +318,8 @@ def test_the_summary_from_records_alone():
     assert routed.share("small") == 0.8
     md = markdown(s)
     assert "| r | 0.000 | 0/1 | 10 | 80%/20% |" in md and "| 0.83 | 5.00 | 2.00 |" in md
-    assert "Still running (pass@1 over the problems finished so far): r (1 of 2)." in md
+    assert "Still running (pass@1 over the problems finished so far; left out of pareto.png): r (1 of 2)." in md
+    assert [r.system for r in s.plotted()] == ["large"]  # r has 1 of the 2 problems: not the same work
     records.append({"type": "system", "system": "later", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"})
     md = markdown(summarize(records))
     assert "| later |" not in md and "Not run yet: later." in md

@@ -62,6 +62,13 @@ class Summary:
     reference: str | None  # the system costs are relative to
     models: list[str]
 
+    def plotted(self) -> list[Row]:
+        """The systems pareto.png shows: those that finished as many problems as the most
+        finished one. A system still running has its pass@1 over the problems done so far, the
+        first ones of the file, which are not the same work as everyone else's."""
+        most = max((r.n for r in self.rows), default=0)
+        return [r for r in self.rows if r.n and r.n == most]
+
 
 def _add(into: dict, counts: dict) -> None:
     for k, v in counts.items():
@@ -207,7 +214,9 @@ def markdown(s: Summary) -> str:
     total = run["data"].get("problems")
     partial = [f"{r.system} ({r.n} of {total})" for r in s.rows if r.n and total and r.n < total]
     if partial:
-        lines.append(f"Still running (pass@1 over the problems finished so far): {', '.join(partial)}.")
+        lines.append(
+            f"Still running (pass@1 over the problems finished so far; left out of pareto.png): {', '.join(partial)}."
+        )
     waiting = [r.system for r in s.rows if not r.n]
     if waiting:
         lines.append(f"Not run yet: {', '.join(waiting)}.")
@@ -246,8 +255,9 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
 
 
 def plot(s: Summary, path: str | Path) -> Path | None:
-    """pareto.png: pass@1 against relative cost and against output tok/s, one point per system,
-    the Pareto front joined. None when matplotlib is not installed."""
+    """pareto.png: pass@1 against relative cost and against output tok/s, one point per system
+    that has finished (`Summary.plotted`), the Pareto front joined. None when matplotlib is not
+    installed."""
     plt = pyplot()
     if plt is None:
         return None
@@ -258,7 +268,7 @@ def plot(s: Summary, path: str | Path) -> Path | None:
     )
     colours = {r.system: f"C{i % 10}" for i, r in enumerate(s.rows)}  # one colour per system in both panels
     for ax, xlabel, getx, lower in panels:
-        rows = [r for r in s.rows if getx(r) is not None and r.pass_at_1 is not None]
+        rows = [r for r in s.plotted() if getx(r) is not None]
         pts = [(getx(r), r.pass_at_1) for r in rows]
         front = set(pareto_front(pts, lower))
         for i, (r, (x, y)) in enumerate(zip(rows, pts)):
