@@ -211,8 +211,9 @@ def markdown(s: Summary) -> str:
             f"time, latency from submission to the end of each request. Measured {', '.join(dates)} on "
             f"{m.get('cpu') or '?'} ({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''}){load}."
         )
-    total = run["data"].get("problems")
-    partial = [f"{r.system} ({r.n} of {total})" for r in s.rows if r.n and total and r.n < total]
+    plotted = s.plotted()
+    most = plotted[0].n if plotted else 0
+    partial = [f"{r.system} ({r.n} of {most})" for r in s.rows if r.n and r not in plotted]
     if partial:
         lines.append(
             f"Still running (pass@1 over the problems finished so far; left out of pareto.png): {', '.join(partial)}."
