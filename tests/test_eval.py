@@ -291,7 +291,7 @@ def _record(system, task, passed, small, large, processed):
 
 def test_the_summary_from_records_alone():
     run = {
-        "type": "run", "prompt_version": 1, "max_tokens": 8, "data": {"source": "toy", "problems": 2},
+        "type": "run", "prompt_version": 1, "max_tokens": 8, "data": {"source": "toy", "problems": 5},
         "sandbox": {"timeout_s": 10},
         "models": {
             "small": {"flops_per_token": 1, "description": "s", "parameters": 1},
@@ -320,6 +320,7 @@ def test_the_summary_from_records_alone():
     assert "| r | 0.000 | 0/1 | 10 | 80%/20% |" in md and "| 0.83 | 5.00 | 2.00 |" in md
     assert "Still running (pass@1 over the problems finished so far; left out of pareto.png): r (1 of 2)." in md
     assert [r.system for r in s.plotted()] == ["large"]  # r has 1 of the 2 problems: not the same work
+    assert "large (" not in md  # a --limit run: 2 of the file's 5, finished, not still running
     records.append({"type": "system", "system": "later", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"})
     md = markdown(summarize(records))
     assert "| later |" not in md and "Not run yet: later." in md
