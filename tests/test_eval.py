@@ -324,3 +324,26 @@ def test_the_summary_from_records_alone():
     records.append({"type": "system", "system": "later", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"})
     md = markdown(summarize(records))
     assert "| later |" not in md and "Not run yet: later." in md
+
+
+def test_speed_is_the_median_of_the_runs_at_the_latest_setting():
+    def speed(tok_per_s, p50_s, concurrency=4):
+        return {"type": "speed", "system": "r", "tok_per_s": tok_per_s, "p50_s": p50_s, "concurrency": concurrency,
+                "requests": 8, "date": "2026-12-01T00:00:00Z", "machine": {"cpu": "x", "cpu_count": 2}}  # fmt: skip
+
+    run = {
+        "type": "run", "prompt_version": 1, "max_tokens": 8, "data": {"source": "toy", "problems": 1},
+        "sandbox": {"timeout_s": 10}, "models": {"small": {"flops_per_token": 1, "description": "s", "parameters": 1}},
+    }  # fmt: skip
+    records = [
+        run, {"type": "system", "system": "r", "kind": "single", "models": ["small"], "policy": "Single('small')"},
+        _record("r", "a", True, 8, 0, {"small": 10}),
+        speed(99.0, 0.1, concurrency=1),  # another setting, measured earlier: not the same work
+        speed(4.0, 3.0), speed(6.0, 1.0), speed(5.0, 9.0),
+    ]  # fmt: skip
+    s = summarize(records)
+    sp = s.rows[0].speed
+    assert (sp.concurrency, len(sp.runs), sp.tok_per_s, sp.p50_s) == (4, 3, 5.0, 3.0)
+    md = markdown(s)
+    assert "| 5.00 (4.0-6.0) | 3.00 |" in md and "the median of 3 runs per system" in md
+    assert summarize(records[:4]).rows[0].speed.cell() == "99.00"  # a single run: no range

@@ -140,6 +140,24 @@ def test_problems_and_limit_choose_a_subset(tmp_path, data):
     assert set(problems(out)) == {("small", "Toy/0")}
 
 
+def test_speed_rounds_take_turns_and_a_resume_runs_only_the_rounds_owed(tmp_path, data):
+    out = tmp_path / "rounds"
+    common = ["--quick", "--data", str(data), "--systems", "small", "large", "--limit", "1", "--out", str(out)]
+
+    def speed_order():
+        return [r["system"] for r in ResultsFile(out / "results.jsonl").read() if r["type"] == "speed"]
+
+    assert run([*common, "--speed-rounds", "2"])[0] == 0
+    assert speed_order() == ["small", "large", "small", "large"]  # round by round, not one system's runs back to back
+    rc, lines = run([*common, "--resume", "--speed-rounds", "3"])
+    assert rc == 0, lines
+    assert speed_order() == ["small", "large"] * 3
+    assert not any("problem(s) to run" in line and "0 problem" not in line for line in lines)  # no answer again
+    assert "the median of 3 runs per system" in (out / "results.md").read_text()
+    rc, lines = run([*common, "--resume", "--speed-rounds", "3"])
+    assert rc == 0 and sum("skipped" in line for line in lines) == 2
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [
@@ -150,6 +168,7 @@ def test_problems_and_limit_choose_a_subset(tmp_path, data):
         (["--problems", "Toy/7"], "problems: unknown task_id 'Toy/7'"),
         (["--small", "/nonexistent"], "--quick builds its own tiny model pair"),
         (["--resume"], "--resume needs --out DIR"),
+        (["--speed-rounds", "101"], "--speed-rounds: Input should be less than or equal to 100"),
     ],
 )
 def test_bad_arguments_print_one_line_and_exit_2(tmp_path, data, argv, message, monkeypatch):

@@ -82,7 +82,12 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     r.add_argument("--speed-requests", type=nonnegative_int, default=None, metavar="N",
                    help="requests of the speed phase, the first N problems (default 2 x C; --quick 3; 0: no speed phase)")  # fmt: skip
-    r.add_argument("--remeasure-speed", action="store_true", help="measure speed again for systems already measured")
+    r.add_argument("--speed-rounds", type=positive_int, default=None, metavar="R",
+                   help="runs of the speed phase per system, the systems taking turns each round; the report shows "
+                   "their median (default 3; --quick 1)")  # fmt: skip
+    r.add_argument(
+        "--remeasure-speed", action="store_true", help="measure every speed round again for systems already measured"
+    )
     r.add_argument(
         "--kv-cache-tokens", type=positive_int, default=None, help="KV budget per model (default: C answers)"
     )
@@ -135,8 +140,8 @@ def _plan(args, say, argv=None):
             max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else 512),
             concurrency=args.concurrency or (3 if quick else 16), timeout_s=args.timeout,
             speed_requests=speed if speed is not None else (QUICK_PROBLEMS if quick else None),
-            remeasure_speed=args.remeasure_speed, kv_cache_tokens=args.kv_cache_tokens, threads=args.threads,
-            device=device_from_arg(args.device),
+            speed_rounds=args.speed_rounds or (1 if quick else 3), remeasure_speed=args.remeasure_speed,
+            kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, device=device_from_arg(args.device),
         )  # fmt: skip
     except ValidationError as e:
         err = e.errors()[0]

@@ -11,17 +11,44 @@ Per system, over the problems it finished:
   over the same sum for the largest model alone on the same problems (1.0 is large alone);
 - quality s/problem: the quality phase's wall time per problem (planning only: it shares the CPU
   with the sandbox and whatever else ran);
-- output tok/s and p50 latency: the speed phase (closed loop at C in flight, see runner.py).
+- output tok/s and p50 latency: the speed phase (closed loop at C in flight, see runner.py), the
+  median over its runs at the latest setting (C, requests), with their range when there are
+  several.
 """
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..bench.report import pyplot, save_figure, write_table_and_plot
 from .results import RESULTS, ResultsFile, header
 
+
+
+@dataclass
+class Speed:
+    """A system's speed-phase runs at one setting (C in flight over the first N problems)."""
+
+    concurrency: int
+    requests: int
+    runs: list[dict]
+
+    @property
+    def tok_per_s(self) -> float:
+        return statistics.median(r["tok_per_s"] for r in self.runs)
+
+    @property
+    def p50_s(self) -> float:
+        return statistics.median(r["p50_s"] for r in self.runs)
+
+    def cell(self) -> str:
+        """Median output tok/s, and the range over the runs when there are several."""
+        if len(self.runs) == 1:
+            return f"{self.tok_per_s:.2f}"
+        rates = [r["tok_per_s"] for r in self.runs]
+        return f"{self.tok_per_s:.2f} ({min(rates):.1f}-{max(rates):.1f})"
 
 
 @dataclass
@@ -39,7 +66,7 @@ class Row:
     wall_problems: int = 0
     relative_cost: float | None = None
     cost_problems: int = 0  # problems the relative cost is over (shared with the reference)
-    speed: dict | None = None
+    speed_runs: list[dict] = field(default_factory=list)  # every speed record, in file order
     policy: str = ""
     dtype: dict[str, str] = field(default_factory=dict)
 
@@ -53,6 +80,15 @@ class Row:
 
     def share(self, model: str) -> float | None:
         return self.tokens_by_model.get(model, 0) / self.output_tokens if self.output_tokens else None
+
+    @property
+    def speed(self) -> Speed | None:
+        """The runs at the setting of the latest one (an older setting's runs are not the same work)."""
+        if not self.speed_runs:
+            return None
+        last = self.speed_runs[-1]
+        c, n = last["concurrency"], last["requests"]
+        return Speed(c, n, [r for r in self.speed_runs if (r["concurrency"], r["requests"]) == (c, n)])
 
 
 @dataclass
@@ -102,7 +138,7 @@ def summarize(records: list[dict]) -> Summary:
             row.wall_s += r["wall_s"]
             row.wall_problems += r["problems"]
         elif t == "speed":
-            row.speed = r  # the latest measurement
+            row.speed_runs.append(r)
     for name, row in rows.items():
         for p in problems.get(name, {}).values():
             row.n += 1
@@ -174,11 +210,12 @@ def markdown(s: Summary) -> str:
         shares = "/".join(_f(row.share(m), "{:.0%}") for m in models)
         processed = "/".join(f"{row.tokens_processed.get(m, 0) / n:.0f}" for m in models)
         steps = "/".join(f"{row.steps.get(m, 0) / n:.0f}" for m in models)
-        sp = row.speed or {}
+        sp = row.speed
+        tok_s, p50 = (sp.cell(), _f(sp.p50_s)) if sp else ("-", "-")
         lines.append(
             f"| {row.system} | {_f(row.pass_at_1, '{:.3f}')} | {row.passed}/{row.n} | {row.output_tokens / n:.0f} "
             f"| {shares} | {processed} | {steps} "
-            f"| {row.handoffs / n:.1f} | {_f(row.relative_cost)} | {_f(sp.get('tok_per_s'))} | {_f(sp.get('p50_s'))} "
+            f"| {row.handoffs / n:.1f} | {_f(row.relative_cost)} | {tok_s} | {p50} "
             f"| {_f(row.wall_s / row.wall_problems if row.wall_problems else None, '{:.1f}')} |"
         )
     lines.append("")
@@ -193,7 +230,7 @@ def markdown(s: Summary) -> str:
     if speeds:
         settings: dict[tuple[int, int], list[str]] = {}
         for system, sp in speeds:
-            settings.setdefault((sp["concurrency"], sp["requests"]), []).append(system)
+            settings.setdefault((sp.concurrency, sp.requests), []).append(system)
         if len(settings) == 1:
             ((c, n),) = settings
             how = f"C = {c} requests in flight over the first {n} problems"
@@ -201,14 +238,24 @@ def markdown(s: Summary) -> str:
             how = "; ".join(
                 f"C = {c} over the first {n} problems for {', '.join(names)}" for (c, n), names in settings.items()
             )
-        m = speeds[-1][1].get("machine", {})
-        dates = sorted({sp["date"][:10] for _, sp in speeds})
-        loads = [x for _, sp in speeds for x in sp.get("load_average", [])]
+        counts = sorted({len(sp.runs) for _, sp in speeds})
+        if counts == [1]:
+            runs = "one run per system"
+        elif len(counts) == 1:
+            runs = f"the median of {counts[0]} runs per system (their range in parentheses), the systems taking turns"
+        else:
+            runs = "the median of each system's runs (their range in parentheses; " + ", ".join(
+                f"{system} {len(sp.runs)}" for system, sp in speeds
+            ) + "), the systems taking turns"
+        runs_all = [r for _, sp in speeds for r in sp.runs]
+        m = runs_all[-1].get("machine", {})
+        dates = sorted({r["date"][:10] for r in runs_all})
+        loads = [x for r in runs_all for x in r.get("load_average", [])]
         load = f"; the 1-minute load average over the runs was {min(loads):.1f}-{max(loads):.1f}" if loads else ""
         lines.append(
             f"Speed: its own phase, per system on a warmed engine with an empty prefix cache: a closed loop keeping "
             f"{how}, the same prompt and stop string as the quality phase; output tok/s = output tokens / wall "
-            f"time, latency from submission to the end of each request. Measured {', '.join(dates)} on "
+            f"time, latency from submission to the end of each request; {runs}. Measured {', '.join(dates)} on "
             f"{m.get('cpu') or '?'} ({m.get('cpu_count', '?')} CPUs{', ' + m['cuda'] if m.get('cuda') else ''}){load}."
         )
     plotted = s.plotted()
@@ -265,7 +312,7 @@ def plot(s: Summary, path: str | Path) -> Path | None:
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     panels = (
         (axes[0], "relative cost (large alone = 1)", lambda r: r.relative_cost, True),
-        (axes[1], "output tokens/s (speed phase)", lambda r: (r.speed or {}).get("tok_per_s"), False),
+        (axes[1], "output tokens/s (speed phase)", lambda r: r.speed.tok_per_s if r.speed else None, False),
     )
     colours = {r.system: f"C{i % 10}" for i, r in enumerate(s.rows)}  # one colour per system in both panels
     for ax, xlabel, getx, lower in panels:

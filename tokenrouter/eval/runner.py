@@ -12,8 +12,12 @@ For each system, one engine (its models only) is started and warmed up, then:
   whatever --limit says, so every system and every run measures the same work), with the
   quality phase's prompt and stop string. Output tokens/s = all output tokens / wall time;
   latency per request from submission to its end. Recorded with the date, the machine and its
-  1-minute load average before and after (other work on the machine shows there); a system
-  already measured at the same C and N is not measured again (unless asked).
+  1-minute load average before and after (other work on the machine shows there).
+
+The speed phase runs `speed_rounds` times per system, interleaved: the first round right after
+each system's quality phase, then round after round over the systems, each loaded again, so a
+slow spell of the machine falls on every system alike rather than on one (the report takes the
+median). Rounds already recorded at the same C and N count, unless asked to measure again.
 """
 
 from __future__ import annotations
@@ -175,7 +179,9 @@ def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
     return {k: a[k] - b.get(k, 0) for k in a}
 
 
-async def _open_engine(system: System, plan: EvalPlan) -> Engine:
+@contextlib.asynccontextmanager
+async def _loaded(system: System, plan: EvalPlan):
+    """The system's engine, started and warmed up; closed and its memory given back after."""
     kv = plan.settings.kv_tokens()
     specs = {m: ModelSpec(path=plan.models[m], kv_cache_tokens=kv, device=plan.settings.device) for m in system.models}
     engine = Engine(models=specs, policy=system.make(), num_threads=plan.settings.threads)
@@ -186,10 +192,11 @@ async def _open_engine(system: System, plan: EvalPlan) -> Engine:
             raise EvalError(f"{system.label}: the warm-up request failed: {warm.error}")
         await wait_free(engine)
         await engine.reset_prefix_cache()
-    except BaseException:
+        yield engine
+    finally:
         await engine.close()
-        raise
-    return engine
+        del engine
+        release_memory()
 
 
 def _params(plan: EvalPlan) -> SamplingParams:
@@ -303,13 +310,21 @@ async def speed_phase(engine: Engine, system: System, plan: EvalPlan, say: Calla
     return record
 
 
-def _speed_done(records: list[dict], system: System, plan: EvalPlan) -> bool:
+def _speed_runs(records: list[dict], system: System, plan: EvalPlan) -> int:
+    """Speed-phase runs of this system already recorded at this C and N."""
     n = len(plan.speed_problems)
-    return any(
+    return sum(
         r.get("type") == "speed" and r["system"] == system.label and r["concurrency"] == plan.settings.concurrency
         and r["requests"] == n
         for r in records
     )  # fmt: skip
+
+
+def _rounds_owed(records: list[dict], plan: EvalPlan) -> dict[str, int]:
+    rounds = plan.settings.speed_rounds if plan.speed_problems else 0
+    if plan.settings.remeasure_speed:
+        return {s.label: rounds for s in plan.systems}
+    return {s.label: max(0, rounds - _speed_runs(records, s, plan)) for s in plan.systems}
 
 
 async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) -> Path:
@@ -319,11 +334,10 @@ async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) 
     plan.out_dir.mkdir(parents=True, exist_ok=True)
     records = prepare(plan)
     done = done_keys(records)
+    owed = _rounds_owed(records, plan)
     for i, system in enumerate(plan.systems):
         todo = [p for p in plan.problems if (system.label, p.task_id) not in done]
-        measure = bool(plan.speed_problems) and (
-            plan.settings.remeasure_speed or not _speed_done(records, system, plan)
-        )
+        measure = owed[system.label] > 0
         head = f"[{i + 1}/{len(plan.systems)}] {system.label}"
         if not todo and not measure:
             speed = "speed measured" if plan.speed_problems else "no speed phase asked"
@@ -333,8 +347,7 @@ async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) 
         say(f"{head}: {len(todo)} problem(s) to run{f' ({skipped} already done)' if skipped else ''}"
             f"{', then the speed phase' if measure else ''}; loading {', '.join(system.models)}")  # fmt: skip
         t0 = time.perf_counter()
-        engine = await _open_engine(system, plan)
-        try:
+        async with _loaded(system, plan) as engine:
             rec = _system_record(system, engine, plan)
             _check_same_router(records, rec)
             plan.results.append(rec)
@@ -343,8 +356,12 @@ async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) 
                 await quality_phase(engine, system, todo, plan, say)
             if measure:
                 await speed_phase(engine, system, plan, say)
-        finally:
-            await engine.close()
-            del engine
-            release_memory()
+                owed[system.label] -= 1
+    while any(owed.values()):  # one more round over the systems that still owe runs
+        for system in plan.systems:
+            if owed[system.label]:
+                say(f"[speed] {system.label}: {owed[system.label]} run(s) to go; loading {', '.join(system.models)}")
+                async with _loaded(system, plan) as engine:
+                    await speed_phase(engine, system, plan, say)
+                owed[system.label] -= 1
     return plan.results.path

@@ -18,7 +18,10 @@ class EvalSettings(BaseModel):
     speed_requests: int | None = Field(
         None, ge=0, strict=True, description="Requests of the speed phase; None: 2 x concurrency; 0: no speed phase."
     )
-    remeasure_speed: bool = Field(False, strict=True, description="Measure speed again though it was measured.")
+    speed_rounds: int = Field(
+        3, ge=1, le=100, strict=True, description="Speed-phase runs per system, the systems taking turns each round."
+    )
+    remeasure_speed: bool = Field(False, strict=True, description="Measure every round again though measured.")
     kv_cache_tokens: int | None = Field(None, ge=1, strict=True, description="Per model; None: enough for C answers.")
     threads: int | None = Field(None, ge=1, strict=True, description="torch threads per worker; None: turns.")
     device: str = "cpu"
