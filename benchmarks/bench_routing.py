@@ -19,7 +19,7 @@ questions below as chat prompts, every request writing exactly --max-tokens toke
 All run the very same workers, kernels and policy code (tokenrouter's `mode` switch); only the
 serving architecture differs. Greedy outputs are checked to be identical across the routing
 systems.
-A closed-loop client keeps C requests in flight out of max(2, C) (or --requests). Each
+A closed-loop client keeps C requests in flight out of max(8, C) (or --requests). Each
 (system, C) gets --repeats measured runs, each on a fresh engine after a warm-up request; the
 table shows medians. Output tokens/s counts every generated token over the run's wall time;
 latency is per request, submission to end, as the client sees it.
@@ -124,8 +124,8 @@ if __name__ == "__main__":
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--max-tokens", type=int, default=24, help="tokens every request writes (EOS ignored)")
-    p.add_argument("--requests", type=int, default=None, help="requests per level (default max(2, C))")
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--requests", type=int, default=None, help="requests per level (default max(8, C))")
+    p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per worker (routed, standard; default: turns on the CPU, each step on every core)")
     p.add_argument("--threads-lockstep", type=int, default=None,

@@ -165,7 +165,7 @@ def tiny_config(pair, **kw) -> BenchConfig:
     settings = dict(
         models=pair, policy=RStitch(tau=TINY_PAIR_TAU),
         workloads=[workload("short", "tiny", max_tokens=8), workload("agentic", "tiny", max_tokens=6)],
-        concurrency=[1, 3], repeats=1, threads=1, threads_lockstep=1, dtype="float64",
+        concurrency=[1, 3], repeats=1, min_requests=2, threads=1, threads_lockstep=1, dtype="float64",
     )  # fmt: skip
     settings.update(kw)
     return BenchConfig(**settings)
@@ -362,7 +362,7 @@ def test_bench_runs_a_prompts_file(tiny_pair, tmp_path, capsys):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "def add(a, b):", "max_tokens": 5}\n{"prompt": "The quick brown fox"}\n')
     argv = ["bench", "--prompts", str(f), "--systems", "routed", "lockstep", "--concurrency", "2", "--repeats", "1",
-            "--max-tokens", "4", f"--model=small={tiny_pair['small']}", f"--model=large={tiny_pair['large']}",
+            "--requests", "2", "--max-tokens", "4", f"--model=small={tiny_pair['small']}", f"--model=large={tiny_pair['large']}",
             "--tau=0.2", "--threads-lockstep=1", "--out", str(tmp_path / "o")]  # fmt: skip
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err

@@ -61,9 +61,9 @@ class BenchConfig:
     # Speculative(k="auto") beside RStitch's "routed"); name them in `systems` to run them
     other_policies: dict[str, Policy] = field(default_factory=dict)
     concurrency: list[int] = field(default_factory=lambda: [1, 4, 16])
-    repeats: int = 2
+    repeats: int = 3  # interleaved rounds; the tables show medians
     requests: int | None = None  # sessions per level; None: max(min_requests, C)
-    min_requests: int = 2
+    min_requests: int = 8  # fewer, and one slow request is the level's throughput
     kv_cache_tokens: int | None = None  # per model; None: every session of the largest level at once, >= 8192
     threads: int | None = None  # torch threads per worker (routed, standard); None: turns on the CPU
     threads_lockstep: int | None = None  # torch threads of lockstep's one stepping thread; None: every core

@@ -71,8 +71,10 @@ def add_parsers(sub) -> None:
         "--concurrency", nargs="+", type=positive_int, default=None, metavar="C",
         help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 3)",
     )  # fmt: skip
-    optional_count(r, "--repeats", "measured runs per level, each on a fresh engine; the table shows medians (default 2)")
-    optional_count(r, "--requests", "requests (agentic: sessions) per level (default max(2, C); --quick: C)")
+    optional_count(
+        r, "--repeats", "measured runs per level, each on a fresh engine; the table shows medians (default 3)"
+    )
+    optional_count(r, "--requests", "requests (agentic: sessions) per level (default max(8, C); --quick: C)")
     r.add_argument(
         "--max-run-s", type=positive_seconds, default=None, metavar="S",
         help="cap each run's wall time: in-flight requests are cancelled, throughput is over the time it ran, "
@@ -160,9 +162,9 @@ def bench_config(args):
         workloads=specs,
         systems=list(dict.fromkeys(args.systems or SYSTEMS)),
         concurrency=sorted(set(args.concurrency or ([1, 3] if args.quick else [1, 4, 16]))),
-        repeats=args.repeats or (1 if args.quick else 2),
+        repeats=args.repeats or (1 if args.quick else 3),
         requests=args.requests,
-        min_requests=1 if args.quick else 2,
+        min_requests=1 if args.quick else 8,
         kv_cache_tokens=args.kv_cache_tokens,
         threads=args.threads,
         threads_lockstep=args.threads_lockstep,
