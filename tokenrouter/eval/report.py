@@ -326,7 +326,8 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         line = sorted(pts[i] for i in front)
         if len(line) > 1:
             ax.plot([p[0] for p in line], [p[1] for p in line], "k--", lw=1, zorder=2, label="Pareto front")
-            ax.legend(fontsize="small", loc="lower right")
+            # the corner the front leaves empty: it rises to the right on cost, falls on speed
+            ax.legend(fontsize="small", loc="lower right" if lower else "upper right")
         ax.set_xlabel(xlabel)
         ax.set_ylabel("pass@1")
         ax.grid(True, alpha=0.3)
