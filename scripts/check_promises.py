@@ -5,7 +5,7 @@
 For every promise of docs/reliability.md, and every policy's rule (tests/test_policy_rules.py),
 this applies one small mutation that breaks it to a copy of the source tree, runs the tests that guard the promise on that copy, and expects them
 to FAIL (a run that hangs past the limit counts as failing too). The unmodified tree must pass
-the same tests first. Takes about ten minutes on two cores; not part of the test suite.
+the same tests first. Takes about fifteen minutes on two cores; not part of the test suite.
 """
 
 from __future__ import annotations

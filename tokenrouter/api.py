@@ -728,9 +728,9 @@ class Engine:
         futures = {name: w.reset_prefix_cache() for name, w in self.workers.items()}
         return {name: await anyio.to_thread.run_sync(f.result) for name, f in futures.items()}
 
-    # ---- delayed_batching="auto": the throughput model (engine/auto_batching.py) ------------
+    # ---- delayed_batching="auto": the throughput model (autobatch/controller.py) ------------
     async def profile(self, refresh: bool = False) -> dict[str, LatencyProfile]:
-        """Each model's step-latency profile (`engine/latency_profile.py`): read from the cache under
+        """Each model's step-latency profile (`autobatch/latency_profile.py`): read from the cache under
         the store home (`profiles/<key>.json`), else measured now in the worker's own thread,
         between its steps, one model at a time, and cached. `refresh=True` measures again."""
         if not self.workers:

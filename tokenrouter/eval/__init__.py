@@ -11,7 +11,7 @@ cost and speed, for each model alone and for routed systems, on the same prompts
 - `runner.py`: per system, a quality phase and a speed phase;
 - `report.py`: results.md and pareto.png from results.jsonl alone;
 - `quick.py`: the tiny model pair of `--quick`;
-- `command.py`: the subcommand (`add_parser`, `run`).
+- the subcommand (`add_parser`, `run`) is `tokenrouter/cli/eval_command.py`.
 """
 
 from .data import Problem, fetch_humaneval, load_problems, select

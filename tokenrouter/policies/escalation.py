@@ -1,4 +1,4 @@
-"""Escalation over three or more models, smallest first (the paper's ME-style setting, e.g.
+"""Escalation over two or more models (usually three), smallest first (the paper's ME-style setting, e.g.
 Qwen3 0.6B/8B/32B): a model whose normalized entropy exceeds its threshold discards its token
 and escalates to the next larger model; the largest always accepts; after an accepted token,
 control returns to the smallest."""
