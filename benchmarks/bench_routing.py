@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""Routed serving benchmark: RStitch through this engine against the baselines of design.md.
+"""Routed serving benchmark: RStitch through this engine against the baselines of `tokenrouter bench`.
 
 A thin wrapper on `tokenrouter.bench` (the harness behind `tokenrouter bench`, which has the
 generated short, long and agentic workloads): this script runs one workload, the coding

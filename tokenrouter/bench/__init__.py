@@ -1,4 +1,4 @@
-"""`tokenrouter bench`: routed serving against the baselines of design.md, on generated workloads.
+"""`tokenrouter bench`: routed serving against its baselines (`systems.py`), on generated workloads.
 
 - `workloads.py`: short reasoning, long reasoning and agentic sessions, generated from a seed and
   sized in the served model's tokens (a `gpu` and a `cpu` size), or a JSONL file of your prompts;

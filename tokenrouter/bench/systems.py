@@ -1,4 +1,4 @@
-"""The serving systems a benchmark compares (design.md, "Baselines for every speed claim").
+"""The serving systems a benchmark compares: routed serving and the baselines of every speed claim.
 
 All of them run the very same workers, kernels and policy code (`Engine(mode=...)`); only the
 serving architecture differs, so a difference in speed is the architecture's. `small` and
