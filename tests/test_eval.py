@@ -12,7 +12,7 @@ from tokenrouter.errors import ConfigError
 from tokenrouter.eval.data import Problem, load_problems, select
 from tokenrouter.eval.flops import flops_per_token, parameter_counts
 from tokenrouter.eval.prompt import INSTRUCTION, RESPONSE_PREFIX, build_program, extract_code, prompt_ids
-from tokenrouter.eval.report import markdown, pareto_front, summarize
+from tokenrouter.eval.report import label_offsets, markdown, pareto_front, summarize
 from tokenrouter.eval.results import ResultsFile, check_resumable
 from tokenrouter.eval.sandbox import Limits, run_program
 from tokenrouter.eval.systems import SpecError, parse_system, parse_systems
@@ -272,6 +272,15 @@ def test_flops_count_every_weight_that_multiplies_a_token(tiny_pair):
     c = parameter_counts(tiny_pair["small"])
     assert c["embedding"] == 384 * 64 and c["head"] == 384 * 64  # untied
     assert flops_per_token(tiny_pair["small"]) == 2 * (c["total"] - c["embedding"])
+
+
+def test_label_offsets_stack_coinciding_points():
+    # two points on one spot (as RStitch(0.01) and BiLD(0.9/2) at 1.32, 0.689): the second label
+    # goes one step down; a third there two steps; a point far off keeps the default
+    pts = [(1.316, 0.689), (1.333, 0.689), (0.34, 0.537), (1.32, 0.689)]
+    assert label_offsets(pts) == [4.0, -6.0, 4.0, -16.0]
+    assert label_offsets([]) == []
+    assert label_offsets([(1.0, 0.5)]) == [4.0]
 
 
 def test_pareto_front():

@@ -302,6 +302,21 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
     return front
 
 
+def label_offsets(points: list[tuple[float, float]], near: float = 0.04, step: float = 10.0) -> list[float]:
+    """Vertical offsets (in points) for the labels of a scatter, so that points that (nearly)
+    coincide get their labels stacked instead of printed over each other: a point's label moves
+    one `step` down for each earlier point within `near` of it, in axis fractions, on both axes."""
+    if not points:
+        return []
+    xs, ys = [p[0] for p in points], [p[1] for p in points]
+    wx, wy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
+    offsets = []
+    for i, (x, y) in enumerate(points):
+        crowd = sum(abs(x - x2) / wx < near and abs(y - y2) / wy < near for x2, y2 in points[:i])
+        offsets.append(4.0 - step * crowd)
+    return offsets
+
+
 def plot(s: Summary, path: str | Path) -> Path | None:
     """pareto.png: pass@1 against relative cost and against output tok/s, one point per system
     that has finished (`Summary.plotted`), the Pareto front joined. None when matplotlib is not
@@ -319,10 +334,11 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         rows = [r for r in s.plotted() if getx(r) is not None]
         pts = [(getx(r), r.pass_at_1) for r in rows]
         front = set(pareto_front(pts, lower))
+        offsets = label_offsets(pts)
         for i, (r, (x, y)) in enumerate(zip(rows, pts)):
             ax.scatter([x], [y], s=60 if i in front else 30, marker="o", zorder=3, color=colours[r.system],
                        edgecolors="black" if i in front else "none")  # fmt: skip
-            ax.annotate(r.system, (x, y), textcoords="offset points", xytext=(5, 4), fontsize="small")
+            ax.annotate(r.system, (x, y), textcoords="offset points", xytext=(5, offsets[i]), fontsize="small")
         line = sorted(pts[i] for i in front)
         if len(line) > 1:
             ax.plot([p[0] for p in line], [p[1] for p in line], "k--", lw=1, zorder=2, label="Pareto front")
