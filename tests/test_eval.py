@@ -12,7 +12,7 @@ from tokenrouter.errors import ConfigError
 from tokenrouter.eval.data import Problem, load_problems, select
 from tokenrouter.eval.flops import flops_per_token, parameter_counts
 from tokenrouter.eval.prompt import INSTRUCTION, RESPONSE_PREFIX, build_program, extract_code, prompt_ids
-from tokenrouter.eval.report import label_offsets, markdown, pareto_front, summarize
+from tokenrouter.eval.report import LABEL_SLOTS, label_box, markdown, pareto_front, place_labels, summarize
 from tokenrouter.eval.results import ResultsFile, check_resumable
 from tokenrouter.eval.sandbox import Limits, run_program
 from tokenrouter.eval.systems import SpecError, parse_system, parse_systems
@@ -274,13 +274,22 @@ def test_flops_count_every_weight_that_multiplies_a_token(tiny_pair):
     assert flops_per_token(tiny_pair["small"]) == 2 * (c["total"] - c["embedding"])
 
 
-def test_label_offsets_stack_coinciding_points():
+def test_place_labels_keeps_labels_apart():
+    right, below, left = LABEL_SLOTS[0], LABEL_SLOTS[1], LABEL_SLOTS[2]
+    room = (-1000.0, -1000.0, 1000.0, 1000.0)
     # two points on one spot (as RStitch(0.01) and BiLD(0.9/2) at 1.32, 0.689): the second label
-    # goes one step down; a third there two steps; a point far off keeps the default
-    pts = [(1.316, 0.689), (1.333, 0.689), (0.34, 0.537), (1.32, 0.689)]
-    assert label_offsets(pts) == [4.0, -6.0, 4.0, -16.0]
-    assert label_offsets([]) == []
-    assert label_offsets([(1.0, 0.5)]) == [4.0]
+    # goes below the first; a point far off keeps the first choice
+    assert place_labels([(0, 0), (0, 0), (500, 500)], [(50, 10)] * 3, room) == [right, below, right]
+    # a label that would run out of the axes goes to the left of its point
+    assert place_labels([(980, 0)], [(50, 10)], room) == [left]
+    # a label that would cover the legend, or another point, goes elsewhere
+    assert place_labels([(0, 0)], [(50, 10)], room, obstacles=[(20, 0, 80, 20)]) == [below]
+    assert place_labels([(0, 0), (20, 6)], [(50, 10), (10, 10)], room)[0] == below
+    # with no free slot, the one that overlaps least: an obstacle over everything from 15 below
+    # the point up leaves only the lowest slots partly free
+    slots = place_labels([(0, 0)], [(50, 10)], room, obstacles=[(-1000, -15, 1000, 1000)])
+    assert slots == [LABEL_SLOTS[5]] and label_box((0, 0), (50, 10), slots[0]) == (5, -22, 55, -12)
+    assert place_labels([], [], room) == []
 
 
 def test_pareto_front():

@@ -302,19 +302,79 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
     return front
 
 
-def label_offsets(points: list[tuple[float, float]], near: float = 0.04, step: float = 10.0) -> list[float]:
-    """Vertical offsets (in points) for the labels of a scatter, so that points that (nearly)
-    coincide get their labels stacked instead of printed over each other: a point's label moves
-    one `step` down for each earlier point within `near` of it, in axis fractions, on both axes."""
-    if not points:
-        return []
-    xs, ys = [p[0] for p in points], [p[1] for p in points]
-    wx, wy = (max(xs) - min(xs)) or 1.0, (max(ys) - min(ys)) or 1.0
-    offsets = []
-    for i, (x, y) in enumerate(points):
-        crowd = sum(abs(x - x2) / wx < near and abs(y - y2) / wy < near for x2, y2 in points[:i])
-        offsets.append(4.0 - step * crowd)
-    return offsets
+Box = tuple[float, float, float, float]  # x0, y0, x1, y1, in points on the figure
+
+# Where a label may go relative to its point, in points (dx, dy of its lower corner) and which
+# side of the point it sits on: right, then left, then a line up or down on either side.
+LABEL_SLOTS: tuple[tuple[float, float, str], ...] = (
+    (5, 3, "left"), (5, -12, "left"), (-5, 3, "right"), (-5, -12, "right"),
+    (5, 13, "left"), (5, -22, "left"), (-5, 13, "right"), (-5, -22, "right"),
+)  # fmt: skip
+
+
+def label_box(anchor: tuple[float, float], size: tuple[float, float], slot: tuple[float, float, str]) -> Box:
+    """The box a label of `size` (w, h) takes when set at `slot` from its point `anchor`."""
+    (x, y), (w, h), (dx, dy, ha) = anchor, size, slot
+    x0 = x + dx if ha == "left" else x + dx - w
+    return (x0, y + dy, x0 + w, y + dy + h)
+
+
+def overlap(a: Box, b: Box) -> float:
+    """The area two boxes share."""
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
+
+
+def place_labels(
+    anchors: list[tuple[float, float]],
+    sizes: list[tuple[float, float]],
+    bounds: Box,
+    obstacles: list[Box] | None = None,
+    marker: float = 4.0,
+) -> list[tuple[float, float, str]]:
+    """A slot (LABEL_SLOTS) per label, so that labels of nearby points are not printed over
+    each other: in order, each takes the first slot whose box stays inside `bounds` and touches
+    neither a label placed before it, nor an obstacle (the legend), nor any point's marker (a
+    square of side 2 x `marker`); when none is free, the slot that overlaps least. Everything in
+    points on the figure."""
+    markers = [(x - marker, y - marker, x + marker, y + marker) for x, y in anchors] + list(obstacles or [])
+    placed: list[Box] = []
+    slots = []
+    for anchor, size in zip(anchors, sizes):
+
+        def clash(slot, anchor=anchor, size=size) -> float:
+            box = label_box(anchor, size, slot)
+            inside = box[0] >= bounds[0] and box[1] >= bounds[1] and box[2] <= bounds[2] and box[3] <= bounds[3]
+            hit = sum(overlap(box, other) for other in placed + markers)
+            return hit + (0.0 if inside else size[0] * size[1])
+
+        best = min(LABEL_SLOTS, key=clash)  # min keeps the first of equals: the preferred slot
+        slots.append(best)
+        placed.append(label_box(anchor, size, best))
+    return slots
+
+
+def annotate_points(ax, names: list[str], pts: list[tuple[float, float]]) -> None:
+    """Label each point of a laid-out axes with its name, the labels placed by `place_labels`
+    from their measured sizes, so that none hides another."""
+    fig = ax.figure
+    renderer = fig.canvas.get_renderer()
+    to_pt = 72.0 / fig.dpi  # window extents are in pixels; offsets and fonts in points
+
+    def box(extent) -> Box:
+        return (extent.x0 * to_pt, extent.y0 * to_pt, extent.x1 * to_pt, extent.y1 * to_pt)
+
+    texts = [
+        ax.annotate(name, xy, textcoords="offset points", xytext=(0, 0), fontsize="small", va="bottom",
+                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 1, "shrinkB": 3})  # fmt: skip
+        for name, xy in zip(names, pts)
+    ]
+    sizes = [(b[2] - b[0], b[3] - b[1]) for b in (box(t.get_window_extent(renderer)) for t in texts)]
+    anchors = [(float(x) * to_pt, float(y) * to_pt) for x, y in ax.transData.transform(pts)] if pts else []
+    legend = ax.get_legend()
+    obstacles = [box(legend.get_window_extent(renderer))] if legend is not None else []
+    for text, (dx, dy, ha) in zip(texts, place_labels(anchors, sizes, box(ax.get_window_extent(renderer)), obstacles)):
+        text.xyann = (dx, dy)
+        text.set_horizontalalignment(ha)
 
 
 def plot(s: Summary, path: str | Path) -> Path | None:
@@ -330,15 +390,14 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         (axes[1], "output tokens/s (speed phase)", lambda r: r.speed.tok_per_s if r.speed else None, False),
     )
     colours = {r.system: f"C{i % 10}" for i, r in enumerate(s.rows)}  # one colour per system in both panels
+    labels = []
     for ax, xlabel, getx, lower in panels:
         rows = [r for r in s.plotted() if getx(r) is not None]
         pts = [(getx(r), r.pass_at_1) for r in rows]
         front = set(pareto_front(pts, lower))
-        offsets = label_offsets(pts)
         for i, (r, (x, y)) in enumerate(zip(rows, pts)):
             ax.scatter([x], [y], s=60 if i in front else 30, marker="o", zorder=3, color=colours[r.system],
                        edgecolors="black" if i in front else "none")  # fmt: skip
-            ax.annotate(r.system, (x, y), textcoords="offset points", xytext=(5, offsets[i]), fontsize="small")
         line = sorted(pts[i] for i in front)
         if len(line) > 1:
             ax.plot([p[0] for p in line], [p[1] for p in line], "k--", lw=1, zorder=2, label="Pareto front")
@@ -349,8 +408,16 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         ax.grid(True, alpha=0.3)
         if not rows:
             ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes)
+        # the front's labels first, so that theirs get the places next to their points
+        order = sorted(range(len(rows)), key=lambda i: (i not in front, i))
+        labels.append((ax, [rows[i].system for i in order], [pts[i] for i in order]))
     models = ", ".join(f"{m}: {info['description'].split(';')[0]}" for m, info in s.run["models"].items())
-    return save_figure(fig, path, f"HumanEval pass@1; {models}")
+    title = f"HumanEval pass@1; {models}"
+    fig.suptitle(title, fontsize="small")
+    fig.tight_layout()  # labels are placed on the final layout (save_figure's own changes nothing)
+    for ax, names, pts in labels:
+        annotate_points(ax, names, pts)
+    return save_figure(fig, path, title)
 
 
 def write_report(out_dir: str | Path) -> tuple[dict[str, Path], list[str]]:
