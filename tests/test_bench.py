@@ -251,7 +251,9 @@ def test_without_matplotlib_the_plot_is_skipped_with_a_note(tiny_result, tmp_pat
 @pytest.mark.parametrize("system", list(SYSTEMS))
 def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair, tokenizer):
     s = SYSTEMS[system]
-    sessions = workload("short", "cpu", max_tokens=360).build(tokenizer, 4)
+    # 32 requests of 90-360 tokens, 2 in flight: at least ~1,500 steps, several seconds even on a
+    # fast machine, so the 0.4 s cap always cuts the run (4 requests once finished in 0.36 s)
+    sessions = workload("short", "cpu", max_tokens=360).build(tokenizer, 32)
 
     async def main():
         specs = {m: ModelSpec(path=p, dtype="float64", kv_cache_tokens=4096, enable_prefix_caching=s.prefix_caching)
@@ -269,7 +271,7 @@ def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair
     m = run.metrics()
     assert run.cut_short and run.kv_freed
     assert 0.4 <= run.wall_s < 5.0 and took < 20  # cut_short is the check; these bound a hang, loosely (2 loaded cores)
-    assert m["requests_completed"] < m["requests_total"] <= 4  # some were still in flight
+    assert m["requests_completed"] < m["requests_total"] <= 32  # some were still in flight
     assert m["output_tokens"] > 0 and m["tok_per_s"] == m["output_tokens"] / run.wall_s
     assert all(t.latency_s is None for t in run.turns if not t.completed)
 
