@@ -305,7 +305,8 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1, in points on the figure
 
 # Where a label may go relative to its point, in points (dx, dy of its lower corner) and which
-# side of the point it sits on: right, then left, then a line up or down on either side.
+# side of the point it sits on: right, right a line down, left, left a line down, then two lines
+# up or down on either side.
 LABEL_SLOTS: tuple[tuple[float, float, str], ...] = (
     (5, 3, "left"), (5, -12, "left"), (-5, 3, "right"), (-5, -12, "right"),
     (5, 13, "left"), (5, -22, "left"), (-5, 13, "right"), (-5, -22, "right"),
@@ -336,7 +337,7 @@ def place_labels(
     neither a label placed before it, nor an obstacle (the legend), nor any point's marker (a
     square of side 2 x `marker`); when none is free, the slot that overlaps least. Everything in
     points on the figure."""
-    markers = [(x - marker, y - marker, x + marker, y + marker) for x, y in anchors] + list(obstacles or [])
+    fixed = [(x - marker, y - marker, x + marker, y + marker) for x, y in anchors] + list(obstacles or [])
     placed: list[Box] = []
     slots = []
     for anchor, size in zip(anchors, sizes):
@@ -344,7 +345,7 @@ def place_labels(
         def clash(slot, anchor=anchor, size=size) -> float:
             box = label_box(anchor, size, slot)
             inside = box[0] >= bounds[0] and box[1] >= bounds[1] and box[2] <= bounds[2] and box[3] <= bounds[3]
-            hit = sum(overlap(box, other) for other in placed + markers)
+            hit = sum(overlap(box, other) for other in placed + fixed)
             return hit + (0.0 if inside else size[0] * size[1])
 
         best = min(LABEL_SLOTS, key=clash)  # min keeps the first of equals: the preferred slot
