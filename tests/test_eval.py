@@ -285,10 +285,12 @@ def test_place_labels_keeps_labels_apart():
     # a label that would cover the legend, or another point, goes elsewhere
     assert place_labels([(0, 0)], [(50, 10)], room, obstacles=[(20, 0, 80, 20)]) == [below]
     assert place_labels([(0, 0), (20, 6)], [(50, 10), (10, 10)], room)[0] == below
-    # with no free slot, the one that overlaps least: an obstacle over everything from 15 below
-    # the point up leaves only the lowest slots partly free
-    slots = place_labels([(0, 0)], [(50, 10)], room, obstacles=[(-1000, -15, 1000, 1000)])
-    assert slots == [LABEL_SLOTS[5]] and label_box((0, 0), (50, 10), slots[0]) == (5, -22, 55, -12)
+    # with no free slot, the one that overlaps least: an obstacle over everything from 7 above the
+    # lowest slot's bottom up leaves only the lowest slots partly free, and the first of them wins
+    lowest = min(LABEL_SLOTS, key=lambda slot: slot[1])
+    floor = lowest[1]
+    slots = place_labels([(0, 0)], [(50, 10)], room, obstacles=[(-1000, floor + 7, 1000, 1000)])
+    assert slots == [lowest] and label_box((0, 0), (50, 10), slots[0]) == (5, floor, 55, floor + 10)
     assert place_labels([], [], room) == []
 
 
