@@ -305,15 +305,15 @@ def pareto_front(points: list[tuple[float, float]], lower_x_better: bool) -> lis
 Box = tuple[float, float, float, float]  # x0, y0, x1, y1, in points on the figure
 
 # Where a label may go relative to its point, in points (dx, dy of its lower corner) and which
-# side of the point it sits on: right, right a line down, left, left a line down, then two lines
-# up or down on either side.
+# side of the point it sits on: right, right a line down, left, left a line down, then ever more
+# lines up or down on either side (the far ones, drawn with a leader line, for crowded corners).
 LABEL_SLOTS: tuple[tuple[float, float, str], ...] = (
     (5, 3, "left"), (5, -12, "left"), (-5, 3, "right"), (-5, -12, "right"),
     (5, 13, "left"), (5, -22, "left"), (-5, 13, "right"), (-5, -22, "right"),
     (5, 23, "left"), (5, -32, "left"), (-5, 23, "right"), (-5, -32, "right"),
     (5, 33, "left"), (5, -42, "left"), (-5, 33, "right"), (-5, -42, "right"),
     (5, -52, "left"), (-5, -52, "right"), (5, -62, "left"), (-5, -62, "right"),
-)  # fmt: skip  the far ones, with a leader line, for crowded corners
+)  # fmt: skip
 
 
 def label_box(anchor: tuple[float, float], size: tuple[float, float], slot: tuple[float, float, str]) -> Box:
