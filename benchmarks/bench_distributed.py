@@ -33,7 +33,8 @@ The load average is recorded before and after every run (this machine's two core
 with a background job at nice 19).
 
     python benchmarks/bench_distributed.py --out benchmarks/results/distributed/distributed.json
-    python benchmarks/bench_distributed.py --pairs tiny --ray-calls --no-kill --out benchmarks/results/distributed/ray_calls.json
+    python benchmarks/bench_distributed.py --pairs tiny --ray-calls --no-kill \
+        --out benchmarks/results/distributed/ray_calls.json
 """
 
 from __future__ import annotations
@@ -94,9 +95,12 @@ def tiny_pair(root: Path) -> dict[str, Path]:
 def specs(paths: dict, placed: bool, dtype: str) -> dict[str, ModelSpec]:
     return {
         name: ModelSpec(
-            path=path, dtype=dtype, kv_cache_tokens=8192, block_size=16,
+            path=path,
+            dtype=dtype,
+            kv_cache_tokens=8192,
+            block_size=16,
             placement=RayPlacement(num_cpus=1, resources={next(iter(NODES[name])): 1}) if placed else None,
-        )  # fmt: skip
+        )
         for name, path in paths.items()
     }
 
@@ -123,14 +127,23 @@ async def one_run(engine: Engine, ps: list[list[int]], max_tokens: int) -> dict:
     share = {}
     for n in after:
         step, transport = after[n][0] - before[n][0], after[n][1] - before[n][1]
-        share[n] = {"step_s": step, "transport_s": transport, "steps": after[n][2] - before[n][2],
-                    "transport_share": transport / step if step > 0 else 0.0}  # fmt: skip
+        share[n] = {
+            "step_s": step,
+            "transport_s": transport,
+            "steps": after[n][2] - before[n][2],
+            "transport_share": transport / step if step > 0 else 0.0,
+        }
     return {
-        "wall_s": wall, "tokens": tokens, "tokens_per_s": tokens / wall,
-        "handoffs": sum(o.num_handoffs for o in outs), "small_share": sum(m == "small" for o in outs for m in o.token_models) / tokens,
-        "workers": share, "load_before": load, "load_after": os.getloadavg()[0],
+        "wall_s": wall,
+        "tokens": tokens,
+        "tokens_per_s": tokens / wall,
+        "handoffs": sum(o.num_handoffs for o in outs),
+        "small_share": sum(m == "small" for o in outs for m in o.token_models) / tokens,
+        "workers": share,
+        "load_before": load,
+        "load_after": os.getloadavg()[0],
         "outputs": [o.token_ids for o in outs],
-    }  # fmt: skip
+    }
 
 
 def median(xs):
@@ -149,7 +162,9 @@ async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_
             await e.start()
             out[f"start_s_{system}"] = time.perf_counter() - t0
         workers = engines["actors"].workers
-        out["link_rtt_s"] = {n: w.peer_rtt_s for n, w in workers.items()}  # measured at start, through the envelope path
+        out["link_rtt_s"] = {
+            n: w.peer_rtt_s for n, w in workers.items()
+        }  # measured at start, through the envelope path
         if ray_calls:
             import ray
 
@@ -174,7 +189,11 @@ async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_
                     res["same_tokens_as_in_process"] = same
                     res.pop("outputs")
                     runs[system].append(res)
-                print(f"{name} C={C} round {r}: " + ", ".join(f"{s} {res['tokens_per_s']:.1f} tok/s" for s, res in results.items()), flush=True)
+                print(
+                    f"{name} C={C} round {r}: "
+                    + ", ".join(f"{s} {res['tokens_per_s']:.1f} tok/s" for s, res in results.items()),
+                    flush=True,
+                )
             level = {"runs": runs}
             for system in engines:
                 level[system] = {
@@ -263,14 +282,16 @@ async def bench_kill(paths, vocab) -> dict:
 
 def table(results: dict) -> str:
     lines = [
-        "| pair | C | in-process tokens/s | actors tokens/s | actors / in-process | hand-offs per run | transport share of step time (small, large) |",
+        "| pair | C | in-process tokens/s | actors tokens/s | actors / in-process | hand-offs per run "
+        "| transport share of step time (small, large) |",
         "|---|---|---|---|---|---|---|",
     ]
     for pair in results["pairs"]:
         for C, level in pair["levels"].items():
             share = level["actors"]["transport_share"]
             lines.append(
-                f"| {pair['pair']} | {C} | {level['in_process']['tokens_per_s']:.1f} | {level['actors']['tokens_per_s']:.1f} | "
+                f"| {pair['pair']} | {C} | {level['in_process']['tokens_per_s']:.1f} "
+                f"| {level['actors']['tokens_per_s']:.1f} | "
                 f"{level['actors_over_in_process']:.2f} | {level['actors']['handoffs']:.0f} | "
                 f"{100 * share['small']:.1f}%, {100 * share['large']:.1f}% |"
             )
@@ -285,7 +306,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--max-tokens", type=int, default=48)
     ap.add_argument("--smollm2-tau", type=float, default=0.25)
-    ap.add_argument("--ray-calls", action="store_true", help="actors without the direct channels: everything by Ray calls")
+    ap.add_argument(
+        "--ray-calls", action="store_true", help="actors without the direct channels: everything by Ray calls"
+    )
     ap.add_argument("--no-kill", action="store_true", help="skip the kill measurement")
     args = ap.parse_args()
 
@@ -298,12 +321,16 @@ def main() -> None:
     ray.init(address=cluster.address, logging_level="WARNING")
     results = {
         "machine": {
-            "cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
-            "torch": torch.__version__, "ray": ray.__version__, "load_average_at_start": os.getloadavg(),
+            "cpus": os.cpu_count(),
+            "platform": platform.platform(),
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "ray": ray.__version__,
+            "load_average_at_start": os.getloadavg(),
         },
         "settings": vars(args) | {"out": str(args.out)},
         "pairs": [],
-    }  # fmt: skip
+    }
     try:
         with tempfile.TemporaryDirectory() as tmp:
             tiny = tiny_pair(Path(tmp))
@@ -312,15 +339,35 @@ def main() -> None:
             tiny_vocab = len(build_tokenizer())
             for pair in args.pairs:
                 if pair == "tiny":
-                    res = anyio.run(bench_pair, "tiny", tiny, "float64", lambda: RStitch(tau=0.2),
-                                    args.concurrency, args.repeats, args.max_tokens, tiny_vocab, args.ray_calls)  # fmt: skip
+                    res = anyio.run(
+                        bench_pair,
+                        "tiny",
+                        tiny,
+                        "float64",
+                        lambda: RStitch(tau=0.2),
+                        args.concurrency,
+                        args.repeats,
+                        args.max_tokens,
+                        tiny_vocab,
+                        args.ray_calls,
+                    )
                 else:
                     from tokenrouter import store
 
                     path = store.ensure_model("smollm2")
                     paths = {"small": path, "large": path}
-                    res = anyio.run(bench_pair, "smollm2", paths, "float32", lambda: RStitch(tau=args.smollm2_tau),
-                                    args.concurrency, args.repeats, args.max_tokens, 49152, args.ray_calls)  # fmt: skip
+                    res = anyio.run(
+                        bench_pair,
+                        "smollm2",
+                        paths,
+                        "float32",
+                        lambda: RStitch(tau=args.smollm2_tau),
+                        args.concurrency,
+                        args.repeats,
+                        args.max_tokens,
+                        49152,
+                        args.ray_calls,
+                    )
                 results["pairs"].append(res)
             results["handoff"] = anyio.run(bench_handoff, tiny, args.repeats, 64, tiny_vocab, args.ray_calls)
             if not args.no_kill:
@@ -333,7 +380,10 @@ def main() -> None:
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(table(results))
     h = results["handoff"]
-    print(f"added per hand-off: {1e3 * h['added_s_per_handoff']:.2f} ms; link round trips: {results['pairs'][0]['link_rtt_s']}")
+    print(
+        f"added per hand-off: {1e3 * h['added_s_per_handoff']:.2f} ms; "
+        f"link round trips: {results['pairs'][0]['link_rtt_s']}"
+    )
     print(f"kill: {results.get('kill')}")
 
 

@@ -45,11 +45,23 @@ HERE = Path(__file__).resolve().parent
 
 # Qwen2.5-Coder-0.5B/1.5B-Instruct's shapes (the demo pair), for --random-weights.
 DEMO_SHAPES = {
-    "small": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                  num_key_value_heads=2, tie_word_embeddings=True),
-    "large": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                  num_key_value_heads=2, tie_word_embeddings=True),
-}  # fmt: skip
+    "small": {
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+    "large": {
+        "hidden_size": 1536,
+        "intermediate_size": 8960,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 12,
+        "num_key_value_heads": 2,
+        "tie_word_embeddings": True,
+    },
+}
 
 
 def random_pair(root: Path, tokenizer_dir: Path | None, tiny: bool = False) -> dict[str, str]:
@@ -66,7 +78,7 @@ def random_pair(root: Path, tokenizer_dir: Path | None, tiny: bool = False) -> d
         return {name: str(p) for name, p in paths.items()}
     tok = AutoTokenizer.from_pretrained(tokenizer_dir, local_files_only=True) if tokenizer_dir else build_tokenizer()
     for i, (name, shape) in enumerate(DEMO_SHAPES.items()):
-        shape = dict(num_hidden_layers=2 + 2 * i) if tiny else dict(max_position_embeddings=32768, **shape)
+        shape = {"num_hidden_layers": 2 + 2 * i} if tiny else dict(max_position_embeddings=32768, **shape)
         build_tiny_model(paths[name], "qwen2", dtype=torch.bfloat16, seed=i, tokenizer=tok, logit_scale=8.0, **shape)
         (paths[name] / ".complete").write_text("")
     return {name: str(p) for name, p in paths.items()}
@@ -102,7 +114,9 @@ def run(cmd: list[str], log: Path, timeout: float | None = None) -> tuple[int, f
     t0 = time.perf_counter()
     expired = threading.Event()
     with open(log, "w") as f:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+        )
         _kill_step_on_term(proc)
 
         def kill():
@@ -140,8 +154,13 @@ def main() -> int:
     p.add_argument("--tau", type=float, default=0.03)
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128; --quick 64)")
     p.add_argument("--repeats", type=int, default=None, help="measured runs per level (default 2; --quick 1)")
-    p.add_argument("--concurrency", type=int, nargs="+", default=None,
-                   help="levels of the single and routed steps (default: 1 16 and 1 4 16)")
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        nargs="+",
+        default=None,
+        help="levels of the single and routed steps (default: 1 16 and 1 4 16)",
+    )
     p.add_argument("--single-systems", nargs="+", default=None, help="bench_single.py --systems (default: all)")
     p.add_argument("--routed-systems", nargs="+", default=None, help="bench_routing.py --systems (default: all)")
     p.add_argument("--eager-concurrency", type=int, default=16, help="the level of the step without CUDA graphs")
@@ -171,23 +190,63 @@ def main() -> int:
 
     gpu = torch.cuda.get_device_name(args.device) if torch.cuda.is_available() else "no CUDA device"
     print(f"# {gpu}; models {models}", flush=True)
-    common = ["--device", args.device, "--dtype", args.dtype, "--max-tokens", str(args.max_tokens),
-              "--repeats", str(args.repeats)]  # fmt: skip
-    routing = [py, str(HERE / "bench_routing.py"), "--small", models["small"], "--large", models["large"],
-               "--tau", str(args.tau), *common]  # fmt: skip
+    common = [
+        "--device",
+        args.device,
+        "--dtype",
+        args.dtype,
+        "--max-tokens",
+        str(args.max_tokens),
+        "--repeats",
+        str(args.repeats),
+    ]
+    routing = [
+        py,
+        str(HERE / "bench_routing.py"),
+        "--small",
+        models["small"],
+        "--large",
+        models["large"],
+        "--tau",
+        str(args.tau),
+        *common,
+    ]
     single_c = [str(c) for c in (args.concurrency or [1, 16])]
     routed_c = [str(c) for c in (args.concurrency or [1, 4, 16])]
     steps = {
-        "single": [py, str(HERE / "bench_single.py"), "--model", models["large"], *common, "--concurrency", *single_c,
-                   *(["--systems", *args.single_systems] if args.single_systems else []),
-                   "--json", str(args.out / "single.json")],
-        "routed": [*routing, "--concurrency", *routed_c,
-                   *(["--systems", *args.routed_systems] if args.routed_systems else []),
-                   *(["--reuse-engines"] if args.quick else []),
-                   "--json", str(args.out / "routed.json")],
-        "eager": [*routing, "--systems", "routed", "--concurrency", str(args.eager_concurrency),
-                  "--cuda-graph-max-batch", "0", "--json", str(args.out / "routed-eager.json")],
-    }  # fmt: skip
+        "single": [
+            py,
+            str(HERE / "bench_single.py"),
+            "--model",
+            models["large"],
+            *common,
+            "--concurrency",
+            *single_c,
+            *(["--systems", *args.single_systems] if args.single_systems else []),
+            "--json",
+            str(args.out / "single.json"),
+        ],
+        "routed": [
+            *routing,
+            "--concurrency",
+            *routed_c,
+            *(["--systems", *args.routed_systems] if args.routed_systems else []),
+            *(["--reuse-engines"] if args.quick else []),
+            "--json",
+            str(args.out / "routed.json"),
+        ],
+        "eager": [
+            *routing,
+            "--systems",
+            "routed",
+            "--concurrency",
+            str(args.eager_concurrency),
+            "--cuda-graph-max-batch",
+            "0",
+            "--json",
+            str(args.out / "routed-eager.json"),
+        ],
+    }
     summary_path = args.out / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
     summary.update(gpu=gpu, models=models)

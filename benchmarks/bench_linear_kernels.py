@@ -54,8 +54,16 @@ def main() -> None:
                 o = anyio.run(step_times, demo[role], threads, None, args.repeats)
                 for point in sorted(t):
                     rows.append((role, threads, point, t[point], o[point]))
-                    raw.append({"model": role, "threads": threads, "b": point[0], "c": point[1],
-                                "torch_s": t[point], "onednn_s": o[point]})  # fmt: skip
+                    raw.append(
+                        {
+                            "model": role,
+                            "threads": threads,
+                            "b": point[0],
+                            "c": point[1],
+                            "torch_s": t[point],
+                            "onednn_s": o[point],
+                        }
+                    )
                 print(f"{role}, {threads} thread(s): done", flush=True)
     print("| model | threads | decode rows | catch-up tokens | torch (s) | oneDNN (s) | torch / oneDNN |")
     print("|---|---:|---:|---:|---:|---:|---:|")

@@ -55,8 +55,9 @@ def run(onednn: str, tree: Path | None) -> dict:
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     t0 = time.perf_counter()
-    proc = subprocess.run([sys.executable, "-c", CHILD, onednn], capture_output=True, text=True, env=env,
-                          cwd=tempfile.gettempdir())  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", CHILD, onednn], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir()
+    )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
     rec = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -75,11 +76,17 @@ def main() -> None:
     for onednn in args.onednn:
         rec = rows[f"onednn_linear={onednn}"] = run(onednn, args.tree)
         gb = 1e9
-        print(f"onednn_linear={onednn}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "
-              f"{rec['served']['rss'] / gb:.2f} GB (peak/steady {rec['peak_over_steady']:.3f}), {rec['seconds']} s",
-              file=sys.stderr)  # fmt: skip
-    meta = {"date": time.strftime("%Y-%m-%d %H:%M"), "models": "the demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, "
-            "Q4_K_M GGUF dequantized, stored bf16, computed in float32)", "tree": str(args.tree or "installed")}  # fmt: skip
+        print(
+            f"onednn_linear={onednn}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "
+            f"{rec['served']['rss'] / gb:.2f} GB (peak/steady {rec['peak_over_steady']:.3f}), {rec['seconds']} s",
+            file=sys.stderr,
+        )
+    meta = {
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "models": "the demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, "
+        "Q4_K_M GGUF dequantized, stored bf16, computed in float32)",
+        "tree": str(args.tree or "installed"),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))
 

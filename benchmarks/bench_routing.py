@@ -69,9 +69,11 @@ TASKS = [
 def tasks_workload(max_tokens: int) -> WorkloadSpec:
     """TASKS as one-turn chat sessions, each writing exactly `max_tokens` tokens."""
     return WorkloadSpec(
-        "tasks", Sizes(max_tokens), source="bench_routing.TASKS",
+        "tasks",
+        Sizes(max_tokens),
+        source="bench_routing.TASKS",
         prompts=tuple(Session([{"role": "user", "content": t}], [max_tokens]) for t in TASKS),
-    )  # fmt: skip
+    )
 
 
 def model_paths(args) -> dict[str, str]:
@@ -82,9 +84,18 @@ def model_paths(args) -> dict[str, str]:
         tok = build_tokenizer()
         return {
             "small": str(build_tiny_model(f"{root}/small", "qwen2", tokenizer=tok, seed=1, logit_scale=3.0)),
-            "large": str(build_tiny_model(f"{root}/large", "qwen2", tokenizer=tok, seed=2, logit_scale=3.0,
-                                          num_hidden_layers=4, hidden_size=128)),
-        }  # fmt: skip
+            "large": str(
+                build_tiny_model(
+                    f"{root}/large",
+                    "qwen2",
+                    tokenizer=tok,
+                    seed=2,
+                    logit_scale=3.0,
+                    num_hidden_layers=4,
+                    hidden_size=128,
+                )
+            ),
+        }
     if args.small and args.large:
         return {"small": args.small, "large": args.large}
     from tokenrouter.store import ensure_model
@@ -98,12 +109,22 @@ def main(args) -> None:
 
     paths = model_paths(args)
     cfg = BenchConfig(
-        models=paths, policy=RStitch(tau=args.tau, small="small", large="large"), workloads=[tasks_workload(args.max_tokens)],
-        systems=args.systems, concurrency=args.concurrency, repeats=args.repeats, requests=args.requests,
-        kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, threads_lockstep=args.threads_lockstep,
-        max_run_s=args.max_run_s, device=args.device, dtype=args.dtype,
-        cuda_graph_max_batch=args.cuda_graph_max_batch, reuse_engines=args.reuse_engines,
-    )  # fmt: skip
+        models=paths,
+        policy=RStitch(tau=args.tau, small="small", large="large"),
+        workloads=[tasks_workload(args.max_tokens)],
+        systems=args.systems,
+        concurrency=args.concurrency,
+        repeats=args.repeats,
+        requests=args.requests,
+        kv_cache_tokens=args.kv_cache_tokens,
+        threads=args.threads,
+        threads_lockstep=args.threads_lockstep,
+        max_run_s=args.max_run_s,
+        device=args.device,
+        dtype=args.dtype,
+        cuda_graph_max_batch=args.cuda_graph_max_batch,
+        reuse_engines=args.reuse_engines,
+    )
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
@@ -126,20 +147,35 @@ if __name__ == "__main__":
     p.add_argument("--max-tokens", type=int, default=24, help="tokens every request writes (EOS ignored)")
     p.add_argument("--requests", type=int, default=None, help="requests per level (default max(8, C))")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (routed, standard; default: turns on the CPU, each step on every core)")
-    p.add_argument("--threads-lockstep", type=int, default=None,
-                   help="torch threads of lockstep's one stepping thread (default: every core)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (routed, standard; default: turns on the CPU, each step on every core)",
+    )
+    p.add_argument(
+        "--threads-lockstep",
+        type=int,
+        default=None,
+        help="torch threads of lockstep's one stepping thread (default: every core)",
+    )
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
     p.add_argument("--max-run-s", type=float, default=None, help="cap each run's wall time (the table marks it)")
-    p.add_argument("--reuse-engines", action="store_true",
-                   help="load each system's engine once for all its runs (prefix cache reset before each run)")
+    p.add_argument(
+        "--reuse-engines",
+        action="store_true",
+        help="load each system's engine once for all its runs (prefix cache reset before each run)",
+    )
     p.add_argument("--json", help="write every run, the medians and the machine to this file")
     p.add_argument("--quick", action="store_true", help="tiny random pair (tau 0.2), for a smoke test")
     p.add_argument("--device", default="cpu", help="torch device of both models (e.g. cuda:0: one GPU, a stream each)")
     p.add_argument("--dtype", default="auto", help="compute dtype (auto: float32 on CPU, the checkpoint's on GPU)")
-    p.add_argument("--cuda-graph-max-batch", type=int, default=None,
-                   help="on CUDA: decode steps up to this size replay CUDA graphs (0: off; default: ModelSpec's)")
+    p.add_argument(
+        "--cuda-graph-max-batch",
+        type=int,
+        default=None,
+        help="on CUDA: decode steps up to this size replay CUDA graphs (0: off; default: ModelSpec's)",
+    )
     a = p.parse_args()
     if a.quick:
         a.tau = 0.2 if a.tau == 0.03 else a.tau

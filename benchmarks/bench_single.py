@@ -64,7 +64,6 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-
 from hf_baselines import RunResult, hf_cb_measure, hf_generate_measure, hf_generate_run, load_hf, per_request
 
 from tokenrouter import ModelSpec
@@ -100,6 +99,7 @@ def in_fresh_thread(fn, *args):
     if "error" in box:
         raise box["error"]
     return box["result"]
+
 
 SYSTEMS = ("engine", "hf_generate_onednn", "hf_generate", "hf_cb")
 
@@ -327,8 +327,20 @@ def _start_profile(profile_dir: Path, name: str):
         return None
     profile_dir.mkdir(parents=True, exist_ok=True)
     path = profile_dir / f"{name}.txt"
-    cmd = [exe, "record", "--pid", str(os.getpid()), "--format", "raw", "--rate", "100", "--threads",
-           "--nonblocking", "-o", str(path)]  # fmt: skip
+    cmd = [
+        exe,
+        "record",
+        "--pid",
+        str(os.getpid()),
+        "--format",
+        "raw",
+        "--rate",
+        "100",
+        "--threads",
+        "--nonblocking",
+        "-o",
+        str(path),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(1.0)
     return _PySpy(proc, path)
@@ -387,8 +399,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=None, help="dir: py-spy the first measured engine run per C")
     p.add_argument("--json", type=Path, default=None, help="write all raw numbers here")
     p.add_argument("--device", default="cpu", help="torch device of every system's model (e.g. cuda:0)")
-    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
-                   help="every system's compute dtype (default: float32 on CPU, bfloat16 on CUDA)")
+    p.add_argument(
+        "--dtype",
+        default=None,
+        choices=["float32", "bfloat16", "float16"],
+        help="every system's compute dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "float32" if torch.device(args.device).type == "cpu" else "bfloat16"
@@ -409,10 +425,13 @@ def main(argv: list[str] | None = None) -> int:
 
         model_path = ensure_model("smollm2")
     model_path = Path(model_path)
-    log(f"model {model_path}; torch {torch.__version__}, transformers {transformers.__version__}, "
-        f"{torch.get_num_threads()} threads")  # fmt: skip
+    log(
+        f"model {model_path}; torch {torch.__version__}, transformers {transformers.__version__}, "
+        f"{torch.get_num_threads()} threads"
+    )
 
     tok = load_tokenizer(ModelSpec(path=model_path))
+
     def num_prompts(c: int) -> int:
         return args.num_prompts or max(8, 2 * c)
 
@@ -420,7 +439,9 @@ def main(argv: list[str] | None = None) -> int:
     prompts = build_prompts(tok, n_max, args.min_prompt_tokens, args.max_prompt_tokens, args.seed)
     rng = random.Random(args.seed + 1)
     lengths = [
-        args.max_tokens if args.output_lengths == "fixed" else rng.randint(max(1, args.max_tokens // 4), args.max_tokens)
+        args.max_tokens
+        if args.output_lengths == "fixed"
+        else rng.randint(max(1, args.max_tokens // 4), args.max_tokens)
         for _ in prompts
     ]
     warm_prompts = build_prompts(
@@ -431,8 +452,10 @@ def main(argv: list[str] | None = None) -> int:
         args.seed + 7919,
     )  # distinct from the measured prompts, so no prefix cache ever holds a measured prompt
     plens = [len(x) for x in prompts]
-    log(f"{len(prompts)} prompts, {min(plens)}-{max(plens)} tokens (mean {statistics.fmean(plens):.0f}); "
-        f"{args.output_lengths} output lengths up to {args.max_tokens} (mean {statistics.fmean(lengths):.0f})")  # fmt: skip
+    log(
+        f"{len(prompts)} prompts, {min(plens)}-{max(plens)} tokens (mean {statistics.fmean(plens):.0f}); "
+        f"{args.output_lengths} output lengths up to {args.max_tokens} (mean {statistics.fmean(lengths):.0f})"
+    )
     pad_id = tok.pad_token_id if tok.pad_token_id is not None else (tok.eos_token_id or 0)
 
     if "hf_generate_onednn" in args.systems and (torch.device(args.device).type != "cpu" or args.dtype != "float32"):
@@ -503,10 +526,12 @@ def main(argv: list[str] | None = None) -> int:
             if isinstance(c, int):
                 summary.setdefault(name, {})[c] = median_summary(runs)
     print()
-    print(f"model: {model_path} | {len(prompts)} prompts of {min(plens)}-{max(plens)} tokens "
-          f"(mean {statistics.fmean(plens):.0f}) | {args.output_lengths} output lengths up to {args.max_tokens}, "
-          f"greedy, EOS ignored | "
-          f"{NUM_THREADS} threads | median of {args.repeats} repeat(s)")  # fmt: skip
+    print(
+        f"model: {model_path} | {len(prompts)} prompts of {min(plens)}-{max(plens)} tokens "
+        f"(mean {statistics.fmean(plens):.0f}) | {args.output_lengths} output lengths up to {args.max_tokens}, "
+        f"greedy, EOS ignored | "
+        f"{NUM_THREADS} threads | median of {args.repeats} repeat(s)"
+    )
     print()
     print(
         "| system | concurrency | tok/s | p50 latency (s) | p99 latency (s) | vs static generate, same kernels "
@@ -524,17 +549,23 @@ def main(argv: list[str] | None = None) -> int:
             ratio = f"{s['tok_per_s'] / base:.2f}x" if base else "-"
             ovh = f"{s['overhead_frac']:.1%}" if "overhead_frac" in s else "-"
             print(
-                f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} | {ratio_same} | {ratio} | {ovh} "
+                f"| {name} | {c} | {s['tok_per_s']:.1f} | {s['p50_s']:.2f} | {s['p99_s']:.2f} "
+                f"| {ratio_same} | {ratio} | {ovh} "
                 f"| {s.get('cpu_self_cores', float('nan')):.2f} / {s.get('cpu_foreign_cores', float('nan')):.2f} |"
             )
     print()
     for k, v in checks.items():
         print(f"tokens {k}: {v['identical']}/{v['of']} identical")
     busiest = max(
-        (r.extra.get("cpu_foreign_cores", 0.0) for res in results.values() for c, runs in res.items()
-         if isinstance(c, int) for r in runs),
+        (
+            r.extra.get("cpu_foreign_cores", 0.0)
+            for res in results.values()
+            for c, runs in res.items()
+            if isinstance(c, int)
+            for r in runs
+        ),
         default=0.0,
-    )  # fmt: skip
+    )
     if busiest > 0.25:
         warnings.append(
             f"WARNING: other processes used up to {busiest:.2f} of the {os.cpu_count()} cores during a measured run; "

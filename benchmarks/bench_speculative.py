@@ -81,11 +81,20 @@ def differences(result, tokenizer, large_path: str) -> list[dict]:
                 with torch.no_grad():
                     logits = model(torch.tensor([prompt + want[:at]])).logits[0, -1]
                 top2 = logits.topk(2)
-                found.append({
-                    "system": system, "concurrency": c, "repeat": run.repeat, "session": key[0], "turn": key[1], "position": at,
-                    "speculative_token": tokens[at], "large_token": want[at],
-                    "top2_tokens": top2.indices.tolist(), "top2_logit_gap": float(top2.values[0] - top2.values[1]),
-                })  # fmt: skip
+                found.append(
+                    {
+                        "system": system,
+                        "concurrency": c,
+                        "repeat": run.repeat,
+                        "session": key[0],
+                        "turn": key[1],
+                        "position": at,
+                        "speculative_token": tokens[at],
+                        "large_token": want[at],
+                        "top2_tokens": top2.indices.tolist(),
+                        "top2_logit_gap": float(top2.values[0] - top2.values[1]),
+                    }
+                )
     return found
 
 
@@ -110,10 +119,18 @@ def main(args) -> None:
             raise SystemExit(f"--systems: {unknown[0]!r} is not one of {', '.join(systems)}")
         systems = [s for s in systems if s in args.systems]
     cfg = BenchConfig(
-        models=paths, policy=RStitch(tau=args.tau), other_policies=others, systems=systems,
-        workloads=[tasks_workload(args.max_tokens)], concurrency=args.concurrency, repeats=args.repeats, min_requests=args.min_requests,
-        kv_cache_tokens=args.kv_cache_tokens, reuse_engines=True, model_options=options,
-    )  # fmt: skip
+        models=paths,
+        policy=RStitch(tau=args.tau),
+        other_policies=others,
+        systems=systems,
+        workloads=[tasks_workload(args.max_tokens)],
+        concurrency=args.concurrency,
+        repeats=args.repeats,
+        min_requests=args.min_requests,
+        kv_cache_tokens=args.kv_cache_tokens,
+        reuse_engines=True,
+        model_options=options,
+    )
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
@@ -125,7 +142,8 @@ def main(args) -> None:
     print(f"\nspeculative vs large alone: {len(diffs)} of {compared} answers differ")
     for d in diffs:
         print(
-            f"  {d['system']} C={d['concurrency']} #{d['repeat'] + 1} session {d['session']}: first at token {d['position']}, "
+            f"  {d['system']} C={d['concurrency']} #{d['repeat'] + 1} session {d['session']}: "
+            f"first at token {d['position']}, "
             f"top-2 logit gap {d['top2_logit_gap']:.4f} ({d['speculative_token']} vs {d['large_token']})"
         )
     for w in result.warnings:

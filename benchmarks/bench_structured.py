@@ -48,7 +48,11 @@ RECORD = {
 }
 # At least 50 records: no constrained answer can end before --max-tokens, so both systems keep
 # every request to the end and their batches match step for step.
-SCHEMA = {"type": "object", "properties": {"projects": {"type": "array", "items": RECORD, "minItems": 50}}, "required": ["projects"]}
+SCHEMA = {
+    "type": "object",
+    "properties": {"projects": {"type": "array", "items": RECORD, "minItems": 50}},
+    "required": ["projects"],
+}
 PROMPTS = [
     "List fifty small Python projects as JSON.",
     "Describe a command-line tool written in Rust, as JSON.",
@@ -117,7 +121,11 @@ def _compile_times(engine: Engine) -> dict:
     t0 = time.perf_counter()
     compiler.compile(JsonSchema(json_schema=SCHEMA))
     cached_s = time.perf_counter() - t0
-    return {"tokenizer_info_and_trivial_compile_s": info_s, "schema_first_compile_s": first_s, "schema_cached_s": cached_s}
+    return {
+        "tokenizer_info_and_trivial_compile_s": info_s,
+        "schema_first_compile_s": first_s,
+        "schema_cached_s": cached_s,
+    }
 
 
 async def main(args) -> dict:
@@ -138,12 +146,22 @@ async def main(args) -> dict:
         vocab = engine.loaded["m"].vocab_size
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in rounds.items()}
     return {
-        "model": path, "vocab_size": vocab, "concurrency": args.concurrency, "max_tokens": args.max_tokens,
-        "repeats": args.repeats, "threads": args.threads, "schema": SCHEMA, "rounds": rounds, "median": med,
-        "mixed_over_free": {k: med["mixed"][k] / med["free"][k] for k in ("step_s", "forward_s", "unconstrained_latency_s")},
-        "compile": compile_times, "machine": machine_info(),
+        "model": path,
+        "vocab_size": vocab,
+        "concurrency": args.concurrency,
+        "max_tokens": args.max_tokens,
+        "repeats": args.repeats,
+        "threads": args.threads,
+        "schema": SCHEMA,
+        "rounds": rounds,
+        "median": med,
+        "mixed_over_free": {
+            k: med["mixed"][k] / med["free"][k] for k in ("step_s", "forward_s", "unconstrained_latency_s")
+        },
+        "compile": compile_times,
+        "machine": machine_info(),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-    }  # fmt: skip
+    }
 
 
 if __name__ == "__main__":
@@ -160,8 +178,10 @@ if __name__ == "__main__":
         args.repeats, args.concurrency, args.max_tokens = 1, 2, 8
     result = anyio.run(main, args)
     m = result["mixed_over_free"]
-    print(f"mixed / free: step {m['step_s']:.3f}x, forward {m['forward_s']:.3f}x, "
-          f"unconstrained latency {m['unconstrained_latency_s']:.3f}x; compile {json.dumps(result['compile'])}")  # fmt: skip
+    print(
+        f"mixed / free: step {m['step_s']:.3f}x, forward {m['forward_s']:.3f}x, "
+        f"unconstrained latency {m['unconstrained_latency_s']:.3f}x; compile {json.dumps(result['compile'])}"
+    )
     if args.json:
         os.makedirs(os.path.dirname(args.json) or ".", exist_ok=True)
         with open(args.json, "w", encoding="utf-8") as f:

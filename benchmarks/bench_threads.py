@@ -13,7 +13,8 @@ whole command's wall time:
   cli routed            the default `tokenrouter generate` (RStitch on the demo pair)
   cli routed --threads  the same with `--threads <cores>`
 
-`--tree DIR` runs a checkout's package instead of the installed one. With `--baseline-tree DIR` (a checkout of an earlier commit, e.g. `git worktree add`), the
+`--tree DIR` runs a checkout's package instead of the installed one. With `--baseline-tree DIR`
+(a checkout of an earlier commit, e.g. `git worktree add`), the
 `cli` rows run once more from that tree's package, side by side, marked `(baseline)`.
 
     python benchmarks/bench_threads.py --out benchmarks/results/threads/threads.json
@@ -89,9 +90,15 @@ def run_one(config: dict) -> dict:
         raise RuntimeError(f"{config['name']} failed ({proc.returncode}):\n{proc.stderr[-3000:]}")
     record = json.loads(proc.stdout.strip().splitlines()[-1])
     s = record["summary"]
-    return {"wall_s": round(wall, 3), "seconds": s["seconds"], "load_s": s.get("load_seconds"), "tokens": s["tokens"],
-            "tokens_per_model": s.get("tokens_per_model"), "handoffs": s.get("handoffs"),
-            "steps_by_threads": s.get("steps_by_threads")}  # fmt: skip
+    return {
+        "wall_s": round(wall, 3),
+        "seconds": s["seconds"],
+        "load_s": s.get("load_seconds"),
+        "tokens": s["tokens"],
+        "tokens_per_model": s.get("tokens_per_model"),
+        "handoffs": s.get("handoffs"),
+        "steps_by_threads": s.get("steps_by_threads"),
+    }
 
 
 def main() -> None:
@@ -115,17 +122,32 @@ def main() -> None:
         for c in todo:
             res = run_one(c)
             runs[c["name"]].append(res)
-            print(f"round {r + 1} {c['name']:<34} {res['seconds']:7.2f} s answer, {res['wall_s']:7.2f} s wall, "
-                  f"{res['tokens']} tokens", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"round {r + 1} {c['name']:<34} {res['seconds']:7.2f} s answer, {res['wall_s']:7.2f} s wall, "
+                f"{res['tokens']} tokens",
+                file=sys.stderr,
+                flush=True,
+            )
     rows = []
     for c in todo:
         rs = runs[c["name"]]
-        rows.append({"name": c["name"], "cmd": c["cmd"][1:] if c["cmd"][1] == "-m" else ["-c", "<SCRIPT>", *c["cmd"][3:]],
-                     "median_seconds": statistics.median(x["seconds"] for x in rs),
-                     "median_wall_s": statistics.median(x["wall_s"] for x in rs), "runs": rs})  # fmt: skip
+        rows.append(
+            {
+                "name": c["name"],
+                "cmd": c["cmd"][1:] if c["cmd"][1] == "-m" else ["-c", "<SCRIPT>", *c["cmd"][3:]],
+                "median_seconds": statistics.median(x["seconds"] for x in rs),
+                "median_wall_s": statistics.median(x["wall_s"] for x in rs),
+                "runs": rs,
+            }
+        )
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    meta = {"cores": cores, "repeats": args.repeats, "prompt": PROMPT, "date": time.strftime("%Y-%m-%d %H:%M"),
-            "models": "Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M GGUF dequantized to float32"}  # fmt: skip
+    meta = {
+        "cores": cores,
+        "repeats": args.repeats,
+        "prompt": PROMPT,
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "models": "Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M GGUF dequantized to float32",
+    }
     args.out.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     print("| how | answer s (median) | whole command s (median) |\n|---|---|---|")
     for row in rows:

@@ -34,9 +34,9 @@ import anyio
 import torch
 
 from tokenrouter import Engine, RStitch, SamplingParams
+from tokenrouter.autobatch.throughput_model import predict
 from tokenrouter.bench.harness import release_memory
 from tokenrouter.training.labels import python_corpus
-from tokenrouter.autobatch.throughput_model import predict
 
 
 async def closed_loop(engine, prompts, concurrency, warmup, seconds, max_tokens) -> float:
@@ -88,21 +88,26 @@ async def main(args) -> dict:
                 "turns": pred.turns,
                 "note": pred.note,
             }
-            print(f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True)
+            print(
+                f"C={c}: measured {measured:.2f} tok/s, predicted {pred.tokens_per_s} (B={pred.batch_min})", flush=True
+            )
         release_memory()  # a real pair per engine: without it the heap grows until the box runs out
         if args.holdout_seed is not None and pred.tokens_per_s:
             async with Engine(policy=policy, delayed_batching=dict(pred.batch_min), num_threads=args.threads) as engine:
                 other = await closed_loop(engine, holdout, c, args.warmup, args.seconds, args.max_tokens)
             release_memory()
             results["auto"][c].update(holdout_measured_tokens_per_s=other, holdout_error=pred.tokens_per_s / other - 1)
-            print(f"C={c}: held-out run measured {other:.2f} tok/s: error out of sample "
-                  f"{pred.tokens_per_s / other - 1:+.0%}", flush=True)  # fmt: skip
+            print(
+                f"C={c}: held-out run measured {other:.2f} tok/s: error out of sample "
+                f"{pred.tokens_per_s / other - 1:+.0%}",
+                flush=True,
+            )
     c = max(args.concurrency)
     auto = observed[c]
     measured: dict[int, list[float]] = {b: [] for b in args.sweep}
     for rep in range(args.repeats):  # interleaved, so drift of the machine hits every B alike
         for b in args.sweep:
-            batch = {m: b for m in policy.models}
+            batch = dict.fromkeys(policy.models, b)
             async with Engine(policy=policy, delayed_batching=batch, num_threads=args.threads) as engine:
                 measured[b].append(await closed_loop(engine, prompts, c, args.warmup, args.seconds, args.max_tokens))
             release_memory()
@@ -111,9 +116,14 @@ async def main(args) -> dict:
         predicted = None
         if auto.tokens_per_s:
             predicted = predict(
-                auto.latency, auto.routing, auto.concurrency, batch_min={m: b for m in policy.models},
-                batch_wait_s=auto.batch_wait_s, shared_device=auto.shared_device, turns=auto.turns,
-            ).tokens_per_s  # fmt: skip
+                auto.latency,
+                auto.routing,
+                auto.concurrency,
+                batch_min=dict.fromkeys(policy.models, b),
+                batch_wait_s=auto.batch_wait_s,
+                shared_device=auto.shared_device,
+                turns=auto.turns,
+            ).tokens_per_s
         results["sweep"][b] = {
             "measured_tokens_per_s": statistics.median(measured[b]),
             "measured_runs": measured[b],
@@ -132,10 +142,18 @@ if __name__ == "__main__":
     p.add_argument("--seconds", type=float, default=45.0)
     p.add_argument("--max-tokens", type=int, default=32)
     p.add_argument("--tau", type=float, default=0.03)
-    p.add_argument("--holdout-seed", type=int, default=2,
-                   help="prompts of the held-out run at each level (the error out of sample); -1: none")
-    p.add_argument("--threads", type=int, default=None,
-                   help="torch threads per worker (default: the engine's, turns on the CPU's cores)")
+    p.add_argument(
+        "--holdout-seed",
+        type=int,
+        default=2,
+        help="prompts of the held-out run at each level (the error out of sample); -1: none",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per worker (default: the engine's, turns on the CPU's cores)",
+    )
     p.add_argument("--out", default="bench_out/throughput_model.json")
     args = p.parse_args()
     args.holdout_seed = None if args.holdout_seed < 0 else args.holdout_seed

@@ -77,7 +77,9 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--labels", required=True)
-    p.add_argument("--router", action="append", default=[], metavar="NAME=DIR", help="a trained router, shown as NAME; repeatable")
+    p.add_argument(
+        "--router", action="append", default=[], metavar="NAME=DIR", help="a trained router, shown as NAME; repeatable"
+    )
     p.add_argument("--tau", type=float, default=0.03, help="RStitch's threshold to compare with")
     p.add_argument("--heldout", type=float, default=0.2)
     p.add_argument("--seed", type=int, default=0)
@@ -89,13 +91,20 @@ def main() -> None:
     torch.set_num_threads(1)
 
     labels = Labels.load(args.labels)
-    systems = {"small alone": ("small", {}), "large alone": ("large", {}), f"RStitch(tau={args.tau})": ("rstitch", {"tau": args.tau})}
+    systems = {
+        "small alone": ("small", {}),
+        "large alone": ("large", {}),
+        f"RStitch(tau={args.tau})": ("rstitch", {"tau": args.tau}),
+    }
     for entry in args.router:
         name, d = entry.split("=", 1)
         kind = json.loads((Path(d) / "router.json").read_text())["kind"]
         systems[name] = (kind, {"router": d})
-    common = dict(split="heldout", heldout=args.heldout, seed=args.seed)
-    results = {name: {"teacher_forced": teacher_forced_eval(labels, pol, **kw, **common)} for name, (pol, kw) in systems.items()}
+    common = {"split": "heldout", "heldout": args.heldout, "seed": args.seed}
+    results = {
+        name: {"teacher_forced": teacher_forced_eval(labels, pol, **kw, **common)}
+        for name, (pol, kw) in systems.items()
+    }
 
     if args.generate:
         prompts = heldout_prompts(labels, args.heldout, args.seed, args.generate)
@@ -126,7 +135,10 @@ def main() -> None:
             print(f"served {name}: {tokens} tokens in {seconds:.0f} s", file=sys.stderr)
 
     n_tok = next(iter(results.values()))["teacher_forced"]["tokens"]
-    print(f"\nHeld-out: {n_tok} labelled tokens" + (f"; {args.generate} prompts served, {args.max_tokens} tokens max" if args.generate else ""))
+    print(
+        f"\nHeld-out: {n_tok} labelled tokens"
+        + (f"; {args.generate} prompts served, {args.max_tokens} tokens max" if args.generate else "")
+    )
     head = "| policy | large-model share (teacher-forced) | agreement with the large model (teacher-forced) |"
     line = "|---|---|---|"
     if args.generate:

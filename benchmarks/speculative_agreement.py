@@ -81,7 +81,9 @@ def main() -> None:
             print(json.dumps(row), file=out or None, flush=True)
     for prefix in drafters:
         name = prefix.rstrip("_") or "float32"
-        print(f"{name}: agreement, mean over {len(rows)} tasks: {sum(r[f'{prefix}agree'] for r in rows) / len(rows):.3f}")
+        print(
+            f"{name}: agreement, mean over {len(rows)} tasks: {sum(r[f'{prefix}agree'] for r in rows) / len(rows):.3f}"
+        )
         for k in (1, 2, 3, 4):
             print(f"  k = {k}: {len(rows) * n / sum(r[f'{prefix}k{k}']['cycles'] for r in rows):.2f} tokens per cycle")
 

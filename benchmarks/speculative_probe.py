@@ -31,7 +31,10 @@ async def main(k: int, int8: bool) -> None:
     predicted = [json.loads(line) for line in open(AGREEMENT)][:8]
     models = None  # the demo pair
     if int8:
-        models = {"small": ModelSpec(path="qwen-coder-0.5b", quantization="int8"), "large": ModelSpec(path="qwen-coder-1.5b")}
+        models = {
+            "small": ModelSpec(path="qwen-coder-0.5b", quantization="int8"),
+            "large": ModelSpec(path="qwen-coder-1.5b"),
+        }
     async with Engine(models=models, policy=Speculative(k=k) if k else Single("large")) as e:
         await e.generate([{"role": "user", "content": "hi"}], SamplingParams(temperature=0, max_tokens=8))  # warm-up
         before, t0, small = e.stats(), time.perf_counter(), 0
@@ -41,7 +44,10 @@ async def main(k: int, int8: bool) -> None:
             small += out.token_models.count("small")
             if k:
                 want = predicted[i][f"k{k}"]["accepted"] if f"k{k}" in predicted[i] else None
-                print(f"task {i}: accepted {out.token_models.count('small')}, teacher-forced {want}, hand-offs {out.num_handoffs}")
+                print(
+                    f"task {i}: accepted {out.token_models.count('small')}, teacher-forced {want}, "
+                    f"hand-offs {out.num_handoffs}"
+                )
         wall = time.perf_counter() - t0
         after = e.stats()
     print(f"k={k}: {8 * 48 / wall:.2f} tok/s, wall {wall:.1f} s, small wrote {small}")

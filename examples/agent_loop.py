@@ -28,22 +28,45 @@ import anyio
 from tokenrouter import Engine, SamplingParams
 
 TOOLS = [
-    {"type": "function", "function": {
-        "name": "calculator", "description": "Evaluate an arithmetic expression (+ - * / ** and parentheses).",
-        "parameters": {"type": "object", "properties": {"expression": {"type": "string"}}, "required": ["expression"]},
-    }},
-    {"type": "function", "function": {
-        "name": "list_files", "description": "List the files in the scratch directory.",
-        "parameters": {"type": "object", "properties": {}},
-    }},
-    {"type": "function", "function": {
-        "name": "read_file", "description": "Read a file of the scratch directory.",
-        "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
-    }},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "calculator",
+            "description": "Evaluate an arithmetic expression (+ - * / ** and parentheses).",
+            "parameters": {
+                "type": "object",
+                "properties": {"expression": {"type": "string"}},
+                "required": ["expression"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "list_files",
+            "description": "List the files in the scratch directory.",
+            "parameters": {"type": "object", "properties": {}},
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "read_file",
+            "description": "Read a file of the scratch directory.",
+            "parameters": {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+        },
+    },
+]
 
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-        ast.Pow: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}  # fmt: skip
+_OPS = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.Pow: operator.pow,
+    ast.USub: operator.neg,
+    ast.UAdd: operator.pos,
+}
 
 
 def calculate(expression: str) -> float:
@@ -78,8 +101,16 @@ def run_tool(name: str, args: dict, scratch: Path) -> dict:
         return {"error": f"{type(e).__name__}: {e}"}
 
 
-async def run_agent(engine: Engine, task: str, scratch: Path, *, tool_choice="auto", max_turns: int = 4,
-                    params: SamplingParams | None = None, show=print) -> list[dict]:  # fmt: skip
+async def run_agent(
+    engine: Engine,
+    task: str,
+    scratch: Path,
+    *,
+    tool_choice="auto",
+    max_turns: int = 4,
+    params: SamplingParams | None = None,
+    show=print,
+) -> list[dict]:
     """Turns until the model answers without a tool call (or `max_turns`); the conversation."""
     params = params or SamplingParams(temperature=0, max_tokens=256)
     messages = [
@@ -95,8 +126,10 @@ async def run_agent(engine: Engine, task: str, scratch: Path, *, tool_choice="au
             out = delta.output or out
         show()
         writers = out.tokens_per_model()
-        show(f"    [{len(out.token_ids)} tokens {writers}, {out.num_handoffs} hand-offs, "
-             f"{out.num_cached_prompt_tokens} of {len(out.prompt_token_ids)} prompt tokens from the prefix cache]")  # fmt: skip
+        show(
+            f"    [{len(out.token_ids)} tokens {writers}, {out.num_handoffs} hand-offs, "
+            f"{out.num_cached_prompt_tokens} of {len(out.prompt_token_ids)} prompt tokens from the prefix cache]"
+        )
         messages.append(out.message())
         if not out.tool_calls:
             break

@@ -35,7 +35,9 @@ async def main() -> None:
             outs = {}
 
             async def one(topic: str) -> None:
-                outs[topic] = await engine.generate([{"role": "user", "content": f"Write a haiku about {topic}."}], params)
+                outs[topic] = await engine.generate(
+                    [{"role": "user", "content": f"Write a haiku about {topic}."}], params
+                )
 
             for topic in topics:
                 tg.start_soon(one, topic)
@@ -44,7 +46,10 @@ async def main() -> None:
             print(f"--- {topic} ({outs[topic].finish_reason}):\n{outs[topic].text.strip()}")
         n = sum(len(o.token_ids) for o in outs.values())
         st = engine.stats()["smol"]
-        print(f">>> {n} tokens in {wall:.1f} s = {n / wall:.1f} tokens/s; KV blocks free {st.kv_blocks_free}/{st.kv_blocks_total}")
+        print(
+            f">>> {n} tokens in {wall:.1f} s = {n / wall:.1f} tokens/s; "
+            f"KV blocks free {st.kv_blocks_free}/{st.kv_blocks_total}"
+        )
 
 
 if __name__ == "__main__":

@@ -19,7 +19,6 @@ import time
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
-
 from rstitch_demo import stream_coloured  # the same coloured stream and summary line
 
 from tokenrouter import Engine, SamplingParams, Single, store

@@ -3,7 +3,8 @@
     .venv/bin/python scripts/check_promises.py [NAME ...]
 
 For every promise of docs/reliability.md, and every policy's rule (tests/test_policy_rules.py),
-this applies one small mutation that breaks it to a copy of the source tree, runs the tests that guard the promise on that copy, and expects them
+this applies one small mutation that breaks it to a copy of the source tree, runs the tests that
+guard the promise on that copy, and expects them
 to FAIL (a run that hangs past the limit counts as failing too). The unmodified tree must pass
 the same tests first. Takes about fifteen minutes on two cores; not part of the test suite.
 """
@@ -39,8 +40,12 @@ MUTATIONS = [
         "abort-keeps-pending-kv",
         "an abort frees the request's KV on every worker, pending copies included",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n            self._release(seq)\n            if owner:\n",
-        "            owner = seq.status is not SeqStatus.PENDING\n            if owner:\n                self._release(seq)\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            self._release(seq)\n"
+        "            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            if owner:\n"
+        "                self._release(seq)\n",
         ("tests/test_cancellation.py", "-k", "pending_at_peer"),
     ),
     Mutation(
@@ -121,8 +126,12 @@ MUTATIONS = [
         "abort-keeps-pending-kv-fuzz",
         "random interleavings keep every invariant (here: pools end free)",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n            self._release(seq)\n            if owner:\n",
-        "            owner = seq.status is not SeqStatus.PENDING\n            if owner:\n                self._release(seq)\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            self._release(seq)\n"
+        "            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            if owner:\n"
+        "                self._release(seq)\n",
         ("tests/test_concurrency.py", "-k", "interleavings"),
     ),
     Mutation(
@@ -264,9 +273,11 @@ MUTATIONS = [
     ),
     Mutation(
         "check-rows-unpenalized",
-        "a verifier's rows of a check are penalized with the tokens before each, so Speculative is lossless under penalties",
+        "a verifier's rows of a check are penalized with the tokens before each, "
+        "so Speculative is lossless under penalties",
         "tokenrouter/engine/model_core.py",
-        "        spans = self._process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
+        "        spans = self._process_spans([seqs[i] for i in checks], "
+        "[fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
         "        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]\n",
         ("tests/test_verifying.py", "-k", "penalized_large_model and 2"),
     ),
@@ -274,7 +285,8 @@ MUTATIONS = [
         "prompt-logprobs-take-cache-hits",
         "a request asking prompt_logprobs computes every prompt position, a cached prefix or not",
         "tokenrouter/engine/sequence.py",
-        "        if self.needs_prompt_logits:\n            return min(self.first_logit_position, len(self.prompt_logprobs))\n",
+        "        if self.needs_prompt_logits:\n"
+        "            return min(self.first_logit_position, len(self.prompt_logprobs))\n",
         "",
         ("tests/test_logprobs.py", "-k", "prompt_logprobs"),
     ),
@@ -299,7 +311,7 @@ MUTATIONS = [
         "a constrained request's output follows its grammar whichever model writes",
         "tokenrouter/engine/model_core.py",
         "        constrained = [r for r in rows if seqs[r].req.grammar is not None]\n",
-        "        constrained = [r for r in rows if seqs[r].req.grammar is not None and self.name != \"large\"]\n",
+        '        constrained = [r for r in rows if seqs[r].req.grammar is not None and self.name != "large"]\n',
         ("tests/test_structured_output.py", "-k", "always_validates"),
     ),
     Mutation(
@@ -332,8 +344,11 @@ MUTATIONS = [
 def copy_tree(dest: Path) -> None:
     files = subprocess.run(
         ["git", "ls-files", "--cached", "--others", "--exclude-standard"],
-        cwd=ROOT, capture_output=True, text=True, check=True,
-    ).stdout.split()  # fmt: skip
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
     for f in files:
         src = ROOT / f
         if src.is_file():

@@ -46,21 +46,54 @@ MACHINE = ROOT / "scripts" / "gpu_machine.txt"
 TRAVEL_LIMIT = 64 << 20  # bytes a device `run` may send (working tree + carried paths)
 COMMAND_LIMIT = 2000  # characters of a device `run` command
 PY_TAGS = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
-PLATFORMS = ["manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64", "manylinux_2_17_x86_64",
-             "manylinux2014_x86_64", "manylinux1_x86_64"]  # fmt: skip
+PLATFORMS = [
+    "manylinux_2_28_x86_64",
+    "manylinux_2_27_x86_64",
+    "manylinux_2_24_x86_64",
+    "manylinux_2_17_x86_64",
+    "manylinux2014_x86_64",
+    "manylinux1_x86_64",
+]
 
 # flashinfer-python's dependencies that only code paths we never call import (cuDNN, CuTe-DSL, cuTile and
 # NCCL kernels; `import flashinfer` itself needs none of them): the trimmed wheel does not declare them.
 # cuda-python is a meta-package over cuda-bindings/-core/-pathfinder, which the GPU machine has.
-DROPPED_REQUIRES = ("cuda-python", "cuda-tile", "nccl-extensions", "nccl4py", "nvidia-cudnn-frontend",
-                    "nvidia-cutlass-dsl")  # fmt: skip
+DROPPED_REQUIRES = (
+    "cuda-python",
+    "cuda-tile",
+    "nccl-extensions",
+    "nccl4py",
+    "nvidia-cudnn-frontend",
+    "nvidia-cutlass-dsl",
+)
 TRIM_LABEL = "trim"  # local version label of the repacked wheel: 0.7.4+trim
-SOURCE_SUFFIXES = {".cu", ".cuh", ".h", ".hh", ".hpp", ".hxx", ".c", ".cc", ".cpp", ".cxx", ".inc", ".inl",
-                   ".jinja", ".ptx", ".cubin", ".fatbin", ".mlir"}  # fmt: skip
+SOURCE_SUFFIXES = {
+    ".cu",
+    ".cuh",
+    ".h",
+    ".hh",
+    ".hpp",
+    ".hxx",
+    ".c",
+    ".cc",
+    ".cpp",
+    ".cxx",
+    ".inc",
+    ".inl",
+    ".jinja",
+    ".ptx",
+    ".cubin",
+    ".fatbin",
+    ".mlir",
+}
 # Header trees the JIT puts on its include path: kept whole (the closure of our kernels reaches most of them,
 # and a header reached only under a macro the scan cannot see would otherwise be missing).
-KEEP_WHOLE = ("flashinfer/data/include/", "flashinfer/data/cccl/", "flashinfer/data/cutlass/",
-              "flashinfer/data/spdlog/")  # fmt: skip
+KEEP_WHOLE = (
+    "flashinfer/data/include/",
+    "flashinfer/data/cccl/",
+    "flashinfer/data/cutlass/",
+    "flashinfer/data/spdlog/",
+)
 # The attention kernels tokenrouter's flashinfer backend asks for (engine/flashinfer_attention.py): bfloat16
 # queries and pages, int32 indices, no positional encoding in the kernel, no logit soft cap. (head_dim,
 # sliding window) of the models the kit runs: the gpu tests' pair (64, with and without a window) and the
@@ -155,8 +188,9 @@ def warm_specs(device=None, prefill_backend: str | None = None):
         specs.append(m._gen_batch_prefill_primary_module("fa2", *a))
         backend = prefill_backend
         if device is not None:
-            backend = determine_attention_backend(device, 0, False, False, bf, bf, head_dim_qk=head_dim,
-                                                  head_dim_vo=head_dim)  # fmt: skip
+            backend = determine_attention_backend(
+                device, 0, False, False, bf, bf, head_dim_qk=head_dim, head_dim_vo=head_dim
+            )
         if backend == "fa3":
             specs.append(m.gen_batch_prefill_module("fa3", *a))
     return specs
@@ -245,7 +279,9 @@ def cmd_probe(args) -> int:
         files |= reached
         missing |= miss
         macro += n_macro
-        spec_info.append({"name": spec.name, "sources": [p.name for p in spec.sources], "ninja": spec.ninja_path.is_file()})
+        spec_info.append(
+            {"name": spec.name, "sources": [p.name for p in spec.sources], "ninja": spec.ninja_path.is_file()}
+        )
     preprocessed = preprocess(specs) if args.nvcc else None
     in_package = sorted(
         str(p.relative_to(site)) for p in files | {Path(o) for o in opened} if str(p).startswith(str(package) + os.sep)
@@ -280,7 +316,12 @@ def preprocess(specs) -> dict:
             done += 1
             if proc.returncode != 0:
                 failed.append({"file": Path(entry["file"]).name, "module": spec.name, "error": proc.stderr[-1500:]})
-    return {"modules": [s.name for s in chosen], "sources": done, "failed": failed, "wall_s": round(time.perf_counter() - t0, 1)}
+    return {
+        "modules": [s.name for s in chosen],
+        "sources": done,
+        "failed": failed,
+        "wall_s": round(time.perf_counter() - t0, 1),
+    }
 
 
 def probe_env(site: Path, work: Path, host_site: Path | None, cuda_home: Path | None = None) -> dict[str, str]:
@@ -299,9 +340,13 @@ def probe_env(site: Path, work: Path, host_site: Path | None, cuda_home: Path | 
     paths = ([str(host_site)] if host_site else []) + [str(site), str(ROOT)]
     env = dict(os.environ)
     env.update(
-        PYTHONPATH=os.pathsep.join(paths), CUDA_HOME=str(cuda), FLASHINFER_WORKSPACE_BASE=str(work / "ws"),
-        FLASHINFER_CUDA_ARCH_LIST="9.0a", CUDA_VISIBLE_DEVICES="", PYTHONDONTWRITEBYTECODE="1",
-    )  # fmt: skip
+        PYTHONPATH=os.pathsep.join(paths),
+        CUDA_HOME=str(cuda),
+        FLASHINFER_WORKSPACE_BASE=str(work / "ws"),
+        FLASHINFER_CUDA_ARCH_LIST="9.0a",
+        CUDA_VISIBLE_DEVICES="",
+        PYTHONDONTWRITEBYTECODE="1",
+    )
     return env
 
 
@@ -366,8 +411,22 @@ def cmd_trim(args) -> int:
     new_version = f"{version}+{TRIM_LABEL}"
     with tempfile.TemporaryDirectory(prefix="gpu-kit-full-") as tmp:
         say(f"trim: installing {src.name} into a scratch folder, to probe it")
-        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--no-compile", "--no-index",
-                        "--target", tmp, str(src)], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "-q",
+                "--no-deps",
+                "--no-compile",
+                "--no-index",
+                "--target",
+                tmp,
+                str(src),
+            ],
+            check=True,
+        )
         probe = run_probe(Path(tmp), host)
     needed = set(probe["files"])
     say(f"trim: {len(probe['specs'])} JIT specs, their closure reaches {len(needed)} files in the package")
@@ -466,8 +525,10 @@ def cmd_check_trimmed(args) -> int:
     if pre is not None:
         for f in pre["failed"]:
             problems.append(f"nvcc -E {f['file']} ({f['module']}): {f['error']}")
-        say(f"nvcc -E with the JIT's flags (sm_90a): {pre['sources'] - len(pre['failed'])} of {pre['sources']} sources "
-            f"of {len(pre['modules'])} modules preprocess in the trimmed copy ({pre['wall_s']:.0f} s)")
+        say(
+            f"nvcc -E with the JIT's flags (sm_90a): {pre['sources'] - len(pre['failed'])} of {pre['sources']} sources "
+            f"of {len(pre['modules'])} modules preprocess in the trimmed copy ({pre['wall_s']:.0f} s)"
+        )
     for p in problems:
         say(f"FAIL: {p}")
     return 1 if problems else 0
@@ -577,10 +638,29 @@ def cmd_resolve(args) -> int:
         stand_in_wheel(stand, "tokenrouter", version, deps, {"gpu": extras.get("gpu", [])})
         report = Path(tmp) / "report.json"
         wanted = [f"tokenrouter[gpu]=={version}"] + [f"{n}=={v}" for n, v in sorted(carried.items())]
-        cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-index",
-               "--find-links", str(wheel_dir), "--find-links", str(stand), "--only-binary=:all:", *PY_TAGS,
-               *[f"--platform={p}" for p in PLATFORMS], "--target", str(Path(tmp) / "target"),
-               "--report", str(report), "--quiet", "--disable-pip-version-check", *wanted]  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "--dry-run",
+            "--ignore-installed",
+            "--no-index",
+            "--find-links",
+            str(wheel_dir),
+            "--find-links",
+            str(stand),
+            "--only-binary=:all:",
+            *PY_TAGS,
+            *[f"--platform={p}" for p in PLATFORMS],
+            "--target",
+            str(Path(tmp) / "target"),
+            "--report",
+            str(report),
+            "--quiet",
+            "--disable-pip-version-check",
+            *wanted,
+        ]
         proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PIP_CONFIG_FILE": os.devnull})
         if proc.returncode != 0:
             say(f"FAIL: pip's resolver (offline, Python 3.12 manylinux) cannot satisfy the set:\n{proc.stderr[-4000:]}")
@@ -607,8 +687,11 @@ def cmd_resolve(args) -> int:
 def travel_bytes(carry: list[str]) -> tuple[int, int, int]:
     """(working tree, carried paths, total) in bytes: tracked files and untracked files git does not ignore,
     as the device tool sends them, plus the carried paths."""
-    out = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-                         capture_output=True, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["git", "-C", str(ROOT), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        check=True,
+    ).stdout
     tree = 0
     for rel in {p for p in out.decode().split("\0") if p}:
         p = ROOT / rel
@@ -664,8 +747,22 @@ def cmd_check_env(args) -> int:
             continue
         if req.specifier and not req.specifier.contains(have, prereleases=True):
             problems.append(f"{owner} requires {text}: {req.name} {have} is installed")
-    for name in ("torch", "transformers", "triton", "tokenizers", "safetensors", "accelerate", "numpy", "anyio",
-                 "packaging", "typing-extensions", "ninja", "flashinfer-python", "apache-tvm-ffi", "pydantic"):  # fmt: skip
+    for name in (
+        "torch",
+        "transformers",
+        "triton",
+        "tokenizers",
+        "safetensors",
+        "accelerate",
+        "numpy",
+        "anyio",
+        "packaging",
+        "typing-extensions",
+        "ninja",
+        "flashinfer-python",
+        "apache-tvm-ffi",
+        "pydantic",
+    ):
         try:
             report[name] = md.version(name)
         except md.PackageNotFoundError:
@@ -680,9 +777,15 @@ def cmd_check_env(args) -> int:
             problems.append("torch sees no CUDA device")
     except Exception as e:  # noqa: BLE001 - reported, not raised
         problems.append(f"torch: {type(e).__name__}: {e}")
-    for tool, cmd in (("nvcc", ["nvcc", "--version"]), ("nvidia-smi", ["nvidia-smi", "-L"]), ("ninja", ["ninja", "--version"])):
+    for tool, cmd in (
+        ("nvcc", ["nvcc", "--version"]),
+        ("nvidia-smi", ["nvidia-smi", "-L"]),
+        ("ninja", ["ninja", "--version"]),
+    ):
         try:
-            report[tool] = subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-1]
+            report[tool] = (
+                subprocess.run(cmd, capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[-1]
+            )
         except (OSError, subprocess.SubprocessError, IndexError) as e:
             report[tool] = None
             problems.append(f"{tool}: {e}")
@@ -706,8 +809,10 @@ def cmd_warm(args) -> int:
 
     device = torch.device("cuda:0")
     specs = warm_specs(device)
-    say(f"warm: flashinfer {flashinfer.__version__} imported in {time.perf_counter() - t0:.1f} s; building "
-        f"{len(specs)} modules with MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}:")  # fmt: skip
+    say(
+        f"warm: flashinfer {flashinfer.__version__} imported in {time.perf_counter() - t0:.1f} s; building "
+        f"{len(specs)} modules with MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}:"
+    )
     for s in specs:
         say(f"  {s.name}")
     t1 = time.perf_counter()
@@ -727,7 +832,11 @@ def cmd_jit_report(args) -> int:
     from flashinfer.jit import env
 
     built = sorted(p.parent.name for p in env.FLASHINFER_JIT_DIR.glob("*/*.so"))
-    warmed = json.loads(Path(args.warm_json).read_text())["modules"] if args.warm_json and Path(args.warm_json).is_file() else []
+    warmed = (
+        json.loads(Path(args.warm_json).read_text())["modules"]
+        if args.warm_json and Path(args.warm_json).is_file()
+        else []
+    )
     later = [m for m in built if m not in warmed]
     out = {"jit_dir": str(env.FLASHINFER_JIT_DIR), "built": built, "not_in_warm": later}
     say(json.dumps(out, indent=1))
@@ -765,7 +874,10 @@ def cmd_summary(args) -> int:
     for s in stages:
         state = "ok" if s["rc"] == 0 else ("timed out" if s["rc"] in (124, 137) else f"exit {s['rc']}")
         say(f"  {s['stage']:<{width}}  {s['wall_s']:6.1f} s of {s['cap_s']:3d} s  {state}  {s['note']}")
-    say(f"  {'total':<{width}}  {summary['total_s']:6.1f} s (models runs beside jit); attention backend: {args.attention}")
+    say(
+        f"  {'total':<{width}}  {summary['total_s']:6.1f} s (models runs beside jit); "
+        f"attention backend: {args.attention}"
+    )
     return 0
 
 
@@ -781,33 +893,53 @@ def main(argv: list[str] | None = None) -> int:
         s.set_defaults(fn=fn)
 
     command(
-        "trim", cmd_trim, "repack flashinfer-python's wheel", ("wheel",), ("out_dir",),
-        ("--host-site", dict(help="tvm-ffi and nvidia-ml-py for this interpreter (scripts/gpu_wheels.sh)")),
-    )  # fmt: skip
+        "trim",
+        cmd_trim,
+        "repack flashinfer-python's wheel",
+        ("wheel",),
+        ("out_dir",),
+        ("--host-site", {"help": "tvm-ffi and nvidia-ml-py for this interpreter (scripts/gpu_wheels.sh)"}),
+    )
     command(
-        "probe", cmd_probe, "(internal) our kernels' JIT specs and #include closure, as JSON", ("site",),
-        ("--nvcc", dict(action="store_true", help="also run one module of each kind through nvcc -E")),
-    )  # fmt: skip
+        "probe",
+        cmd_probe,
+        "(internal) our kernels' JIT specs and #include closure, as JSON",
+        ("site",),
+        ("--nvcc", {"action": "store_true", "help": "also run one module of each kind through nvcc -E"}),
+    )
     command(
-        "check-trimmed", cmd_check_trimmed, "probe an installed trimmed flashinfer", ("site",), ("--host-site",),
-        ("--cuda-home", dict(help="a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E")),
-    )  # fmt: skip
+        "check-trimmed",
+        cmd_check_trimmed,
+        "probe an installed trimmed flashinfer",
+        ("site",),
+        ("--host-site",),
+        ("--cuda-home", {"help": "a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E"}),
+    )
     command("verify-wheels", cmd_verify_wheels, "RECORDs, one version each, the pins", ("dir",))
     command("resolve", cmd_resolve, "pip's resolver, offline, against stand-ins for the machine's packages", ("dir",))
-    command("travel-size", cmd_travel_size, "bytes a device run sends", ("--carry", dict(nargs="*", default=[".whl"])))
     command(
-        "check-env", cmd_check_env, "(GPU) versions, the GPU, requirements met",
-        ("--wheels", dict(default=str(ROOT / ".whl"))),
-        ("--site", dict(default=None, help="where the carried wheels must be imported from")), ("--json",),
-    )  # fmt: skip
+        "travel-size", cmd_travel_size, "bytes a device run sends", ("--carry", {"nargs": "*", "default": [".whl"]})
+    )
+    command(
+        "check-env",
+        cmd_check_env,
+        "(GPU) versions, the GPU, requirements met",
+        ("--wheels", {"default": str(ROOT / ".whl")}),
+        ("--site", {"default": None, "help": "where the carried wheels must be imported from"}),
+        ("--json",),
+    )
     command("warm", cmd_warm, "(GPU) build and load our flashinfer kernels", ("--json",))
     command("jit-report", cmd_jit_report, "(GPU) the flashinfer modules built", ("--warm-json",), ("--json",))
     command(
-        "summary", cmd_summary, "(GPU) summary.json and the stage times",
-        ("--out", dict(required=True)), ("--stages", dict(required=True)), ("--attention", dict(required=True)),
-        ("--include", dict(nargs="*", default=[], help="KEY=FILE: a JSON file to include under KEY")),
-        ("--wall", dict(type=float, default=None, help="the whole run's seconds (stages may overlap)")),
-    )  # fmt: skip
+        "summary",
+        cmd_summary,
+        "(GPU) summary.json and the stage times",
+        ("--out", {"required": True}),
+        ("--stages", {"required": True}),
+        ("--attention", {"required": True}),
+        ("--include", {"nargs": "*", "default": [], "help": "KEY=FILE: a JSON file to include under KEY"}),
+        ("--wall", {"type": float, "default": None, "help": "the whole run's seconds (stages may overlap)"}),
+    )
     args = p.parse_args(argv)
     return args.fn(args)
 

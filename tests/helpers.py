@@ -65,10 +65,16 @@ def hf_greedy_penalized(path, prompt_ids: list[int], max_new_tokens: int, params
         extra.append(VllmPenalties(len(prompt_ids), params.presence_penalty, params.frequency_penalty))
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt_ids]), attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
-            max_new_tokens=max_new_tokens, min_new_tokens=max_new_tokens, do_sample=False, eos_token_id=None,
-            pad_token_id=0, repetition_penalty=params.repetition_penalty, logits_processor=LogitsProcessorList(extra),
-        )  # fmt: skip
+            torch.tensor([prompt_ids]),
+            attention_mask=torch.ones(1, len(prompt_ids), dtype=torch.long),
+            max_new_tokens=max_new_tokens,
+            min_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            repetition_penalty=params.repetition_penalty,
+            logits_processor=LogitsProcessorList(extra),
+        )
     return out[0, len(prompt_ids) :].tolist()
 
 
@@ -304,4 +310,6 @@ def actor_node(worker) -> str:
 def holds_nothing_anywhere(engine) -> bool:
     """No worker, wherever it runs, holds a request, and the engine tracks none."""
     stats = engine.stats().values()
-    return all(s.running == s.waiting == s.pending == 0 for s in stats) and not engine._channels and not engine._requests
+    return (
+        all(s.running == s.waiting == s.pending == 0 for s in stats) and not engine._channels and not engine._requests
+    )

@@ -30,13 +30,13 @@ import torch
 
 from tokenrouter import (
     ConfigError,
-    RayPlacement,
     Engine,
     EngineNotRunningError,
     InvalidRequestError,
     ModelLoadError,
     ModelSpec,
     Policy,
+    RayPlacement,
     RStitch,
     SamplingParams,
     Single,
@@ -478,14 +478,40 @@ ENGINE_REJECTED = [
     *_bad_values("auto_batching", [(v, "must be AutoBatchingOptions or a dict") for v in (1, "fast", [1.0])]),
     *_bad_values("ray_address", [(v, "must be a string or None") for v in (5, True, b"local", ["local"])]),
     *_bad_values("ray_address", [(v, "must be 'local', 'auto', 'host:port'") for v in ("", "  ", "local host", "a\n")]),
-    ("ray_address-nothing-placed", {"models": ONE, "ray_address": "local"}, ConfigError, "ray_address", "no model has a placement"),
-    *_bad_values("placement_strategy", [(v, "must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'") for v in ("pack", "", "SPREAD ", 1, True)]),
-    ("placement_strategy-nothing-placed", {"models": ONE, "placement_strategy": "PACK"}, ConfigError, "placement_strategy", "no model has a placement"),
-    ("mode-lockstep-placed", {"models": ONE_PLACED, "mode": "lockstep"}, ConfigError, "mode", "no model can be placed in a Ray actor"),
+    (
+        "ray_address-nothing-placed",
+        {"models": ONE, "ray_address": "local"},
+        ConfigError,
+        "ray_address",
+        "no model has a placement",
+    ),
+    *_bad_values(
+        "placement_strategy",
+        [(v, "must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'") for v in ("pack", "", "SPREAD ", 1, True)],
+    ),
+    (
+        "placement_strategy-nothing-placed",
+        {"models": ONE, "placement_strategy": "PACK"},
+        ConfigError,
+        "placement_strategy",
+        "no model has a placement",
+    ),
+    (
+        "mode-lockstep-placed",
+        {"models": ONE_PLACED, "mode": "lockstep"},
+        ConfigError,
+        "mode",
+        "no model can be placed in a Ray actor",
+    ),
     *_bad_values(
         "auto_batching",
-        [({"interval_s": 0}, "greater than 0"), ({"interval_s": "1"}, "valid number"), ({"shared_device": 2.0}, "less than or equal to 1"),
-         ({"latency_bound_s": -1.0}, "greater than 0"), ({"typo": 1.0}, "Extra inputs")],
+        [
+            ({"interval_s": 0}, "greater than 0"),
+            ({"interval_s": "1"}, "valid number"),
+            ({"shared_device": 2.0}, "less than or equal to 1"),
+            ({"latency_bound_s": -1.0}, "greater than 0"),
+            ({"typo": 1.0}, "Extra inputs"),
+        ],
     ),
 ]
 
@@ -509,8 +535,14 @@ ENGINE_ACCEPTED = [
     ("auto_batching=dict", {"models": ONE, "delayed_batching": "auto", "auto_batching": {"interval_s": 0.5}}),
     ("placed", {"models": ONE_PLACED}),
     ("placed-standard", {"models": ONE_PLACED, "mode": "standard"}),
-    *[(f"ray_address={v}", {"models": ONE_PLACED, "ray_address": v}) for v in (None, "local", "auto", "10.0.0.1:6379", "ray://head:10001")],
-    *[(f"placement_strategy={v}", {"models": ONE_PLACED, "placement_strategy": v}) for v in (None, "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")],
+    *[
+        (f"ray_address={v}", {"models": ONE_PLACED, "ray_address": v})
+        for v in (None, "local", "auto", "10.0.0.1:6379", "ray://head:10001")
+    ],
+    *[
+        (f"placement_strategy={v}", {"models": ONE_PLACED, "placement_strategy": v})
+        for v in (None, "PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+    ],
 ]
 
 

@@ -162,11 +162,17 @@ def test_an_empty_or_missing_prompts_file(tmp_path):
 
 # ---- the harness on the tiny pair --------------------------------------------------------------
 def tiny_config(pair, **kw) -> BenchConfig:
-    settings = dict(
-        models=pair, policy=RStitch(tau=TINY_PAIR_TAU),
-        workloads=[workload("short", "tiny", max_tokens=8), workload("agentic", "tiny", max_tokens=6)],
-        concurrency=[1, 3], repeats=1, min_requests=2, threads=1, threads_lockstep=1, dtype="float64",
-    )  # fmt: skip
+    settings = {
+        "models": pair,
+        "policy": RStitch(tau=TINY_PAIR_TAU),
+        "workloads": [workload("short", "tiny", max_tokens=8), workload("agentic", "tiny", max_tokens=6)],
+        "concurrency": [1, 3],
+        "repeats": 1,
+        "min_requests": 2,
+        "threads": 1,
+        "threads_lockstep": 1,
+        "dtype": "float64",
+    }
     settings.update(kw)
     return BenchConfig(**settings)
 
@@ -201,8 +207,10 @@ def test_counts_are_consistent(tiny_result, tokenizer):
     result, _ = tiny_result
     for r in result.runs:
         m = r.metrics()
-        sessions = tiny_config({}).workloads[0 if r.workload == "short" else 1].build(
-            tokenizer, max(2, r.concurrency), level=r.concurrency
+        sessions = (
+            tiny_config({})
+            .workloads[0 if r.workload == "short" else 1]
+            .build(tokenizer, max(2, r.concurrency), level=r.concurrency)
         )
         # EOS is ignored: every request writes exactly its max_tokens, and the models' tokens add up
         assert m["output_tokens"] == sum(sum(s.max_tokens) for s in sessions)
@@ -256,8 +264,10 @@ def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair
     sessions = workload("short", "cpu", max_tokens=360).build(tokenizer, 32)
 
     async def main():
-        specs = {m: ModelSpec(path=p, dtype="float64", kv_cache_tokens=4096, enable_prefix_caching=s.prefix_caching)
-                 for m, p in tiny_pair.items()}  # fmt: skip
+        specs = {
+            m: ModelSpec(path=p, dtype="float64", kv_cache_tokens=4096, enable_prefix_caching=s.prefix_caching)
+            for m, p in tiny_pair.items()
+        }
         specs, policy = s.serves(RStitch(tau=TINY_PAIR_TAU), specs)
         async with Engine(models=specs, policy=policy, mode=s.mode, num_threads=1) as engine:
             t0 = time.perf_counter()
@@ -278,9 +288,13 @@ def test_a_run_cut_short_cancels_cleanly_and_frees_every_block(system, tiny_pair
 
 def test_a_cut_short_run_is_marked_in_the_table(tiny_pair, tokenizer):
     cfg = tiny_config(
-        tiny_pair, workloads=[workload("long", "cpu", max_tokens=300)], concurrency=[2], systems=["routed"],
-        max_run_s=0.3, reuse_engines=True,
-    )  # fmt: skip
+        tiny_pair,
+        workloads=[workload("long", "cpu", max_tokens=300)],
+        concurrency=[2],
+        systems=["routed"],
+        max_run_s=0.3,
+        reuse_engines=True,
+    )
     result = anyio.run(lambda: run_bench(cfg, tokenizer))
     (summary,) = result.summaries
     assert summary.cut_short and result.runs[0].kv_freed
@@ -292,9 +306,14 @@ def test_a_reused_engine_starts_every_run_cold(tiny_pair, tokenizer):
     """Reusing an engine across repeats must not let repeat 2 hit repeat 1's prompts (C = 1: the
     hits within a run, session 2 on session 1's system prompt, do not depend on timing)."""
     cfg = tiny_config(
-        tiny_pair, workloads=[workload("agentic", "tiny", max_tokens=4)], concurrency=[1], requests=2,
-        systems=["routed", "standard+pc"], repeats=2, reuse_engines=True,
-    )  # fmt: skip
+        tiny_pair,
+        workloads=[workload("agentic", "tiny", max_tokens=4)],
+        concurrency=[1],
+        requests=2,
+        systems=["routed", "standard+pc"],
+        repeats=2,
+        reuse_engines=True,
+    )
     result = anyio.run(lambda: run_bench(cfg, tokenizer))
     for system in cfg.systems:
         first, second = [r for r in result.runs if r.system == system]
@@ -331,22 +350,55 @@ def test_a_kv_budget_too_small_is_refused_before_loading(tiny_pair, tokenizer):
 def test_bench_help_is_complete(capsys):
     code, out, _ = run_cli(["bench", "--help"], capsys)
     assert code == 0
-    for word in ["--workload", "--prompts FILE.jsonl", "--size", "--concurrency", "--systems", "--repeats",
-                 "--requests", "--max-tokens", "--history-tokens", "--turns", "--max-run-s", "--kv-cache-tokens",
-                 "--threads", "--threads-lockstep", "--seed", "--policy", "--tau", "--model NAME=PATH", "--out DIR",
-                 "--quick", "routed", "standard+pc", "lockstep", "results.json", "plot.png"]:  # fmt: skip
+    for word in [
+        "--workload",
+        "--prompts FILE.jsonl",
+        "--size",
+        "--concurrency",
+        "--systems",
+        "--repeats",
+        "--requests",
+        "--max-tokens",
+        "--history-tokens",
+        "--turns",
+        "--max-run-s",
+        "--kv-cache-tokens",
+        "--threads",
+        "--threads-lockstep",
+        "--seed",
+        "--policy",
+        "--tau",
+        "--model NAME=PATH",
+        "--out DIR",
+        "--quick",
+        "routed",
+        "standard+pc",
+        "lockstep",
+        "results.json",
+        "plot.png",
+    ]:
         assert word in out, word
 
 
 def test_bench_quick_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
     out_dir = tmp_path / "quick"
-    argv = ["bench", "--quick", f"--model=small={tiny_pair['small']}", f"--model=large={tiny_pair['large']}",
-            f"--tau={TINY_PAIR_TAU}", "--threads-lockstep=1", "--out", str(out_dir)]  # fmt: skip
+    argv = [
+        "bench",
+        "--quick",
+        f"--model=small={tiny_pair['small']}",
+        f"--model=large={tiny_pair['large']}",
+        f"--tau={TINY_PAIR_TAU}",
+        "--threads-lockstep=1",
+        "--out",
+        str(out_dir),
+    ]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert [line.split(":")[0] for line in out.splitlines() if line.startswith("### ")] == [
-        "### short", "### long", "### agentic"
-    ]  # fmt: skip
+        "### short",
+        "### long",
+        "### agentic",
+    ]
     assert err.count(" tok/s") == 3 * 2 * len(SYSTEMS)  # one progress line per run on stderr
     assert f"to {out_dir}" in err
     data = json.loads((out_dir / "results.json").read_text())
@@ -363,9 +415,28 @@ def test_bench_quick_on_the_tiny_pair(tiny_pair, tmp_path, capsys):
 def test_bench_runs_a_prompts_file(tiny_pair, tmp_path, capsys):
     f = tmp_path / "p.jsonl"
     f.write_text('{"prompt": "def add(a, b):", "max_tokens": 5}\n{"prompt": "The quick brown fox"}\n')
-    argv = ["bench", "--prompts", str(f), "--systems", "routed", "lockstep", "--concurrency", "2", "--repeats", "1",
-            "--requests", "2", "--max-tokens", "4", f"--model=small={tiny_pair['small']}", f"--model=large={tiny_pair['large']}",
-            "--tau=0.2", "--threads-lockstep=1", "--out", str(tmp_path / "o")]  # fmt: skip
+    argv = [
+        "bench",
+        "--prompts",
+        str(f),
+        "--systems",
+        "routed",
+        "lockstep",
+        "--concurrency",
+        "2",
+        "--repeats",
+        "1",
+        "--requests",
+        "2",
+        "--max-tokens",
+        "4",
+        f"--model=small={tiny_pair['small']}",
+        f"--model=large={tiny_pair['large']}",
+        "--tau=0.2",
+        "--threads-lockstep=1",
+        "--out",
+        str(tmp_path / "o"),
+    ]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "### prompts: 2 prompts from" in out and "| 2 | lockstep |" in out
@@ -373,8 +444,15 @@ def test_bench_runs_a_prompts_file(tiny_pair, tmp_path, capsys):
     assert [r["output_tokens"] for r in runs] == [9, 9]
 
 
-COUNT_FLAGS = ("--concurrency", "--repeats", "--requests", "--max-tokens", "--history-tokens", "--kv-cache-tokens",
-               "--threads-lockstep")  # fmt: skip
+COUNT_FLAGS = (
+    "--concurrency",
+    "--repeats",
+    "--requests",
+    "--max-tokens",
+    "--history-tokens",
+    "--kv-cache-tokens",
+    "--threads-lockstep",
+)
 CHOICE_FLAGS = {"--workload": "huge", "--systems": "vllm", "--size": "xl"}
 
 
@@ -411,7 +489,7 @@ def test_bench_argument_errors_that_need_files(tiny_pair, tmp_path, capsys):
     a_file = tmp_path / "a_file"
     a_file.write_text("")
     cases = [
-        (["--prompts", str(bad)], f"--prompts: {bad}:2: field \"max_tokens\" must be an integer >= 1, got -3"),
+        (["--prompts", str(bad)], f'--prompts: {bad}:2: field "max_tokens" must be an integer >= 1, got -3'),
         (["--out", str(a_file)], "exists and is not a directory"),
         ([*pair, "--kv-cache-tokens", "100", "--quick"], "raise --kv-cache-tokens"),
     ]

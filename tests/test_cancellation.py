@@ -21,9 +21,9 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.policies import Speculative
 from tokenrouter.engine.inbox import HandOff
 from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.policies import Speculative
 from tokenrouter.testing import load_reference_models, reference_generate
 
 from .helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
@@ -74,9 +74,11 @@ def _bystander_on_large(w):
 def _drafting(w):  # tentative tokens on the draft model, after some were confirmed (and streamed)
     s = _seq(w)
     return (
-        s is not None and s.status is SeqStatus.RUNNING and s.num_confirmed > len(VICTIM_PROMPT)
+        s is not None
+        and s.status is SeqStatus.RUNNING
+        and s.num_confirmed > len(VICTIM_PROMPT)
         and len(s.token_ids) > s.num_confirmed
-    )  # fmt: skip
+    )
 
 
 def _verifying(w):  # the target's next step checks the victim's drafts
@@ -194,7 +196,7 @@ def bystander_ref(tiny_pair):
 
 
 def _specs(pair):
-    base = dict(dtype="float64", kv_cache_tokens=1024, block_size=8, max_num_batched_tokens=16)
+    base = {"dtype": "float64", "kv_cache_tokens": 1024, "block_size": 8, "max_num_batched_tokens": 16}
     return {name: ModelSpec(path=path, **base) for name, path in pair.items()}
 
 

@@ -51,17 +51,58 @@ def test_every_help_is_complete(command, capsys):
     assert out.startswith("usage: tokenrouter")
     expected = {
         (): ["generate", "chat", "pull", "models", "label", "train-router", "--version"],
-        ("generate",): ["prompt", "--json", "--raw", "--policy", "--tau", "--model NAME=PATH", "--max-tokens",
-                        "--temperature", "--seed", "--threads", "--device", "--no-color", "--no-pull", "--router DIR", "--threshold",
-                        "--taus", "citer", "r2r", "collm", "escalation"],
+        ("generate",): [
+            "prompt",
+            "--json",
+            "--raw",
+            "--policy",
+            "--tau",
+            "--model NAME=PATH",
+            "--max-tokens",
+            "--temperature",
+            "--seed",
+            "--threads",
+            "--device",
+            "--no-color",
+            "--no-pull",
+            "--router DIR",
+            "--threshold",
+            "--taus",
+            "citer",
+            "r2r",
+            "collm",
+            "escalation",
+        ],
         ("chat",): ["/reset", "--policy", "--tau", "--model NAME=PATH", "--max-tokens", "--temperature", "--seed"],
         ("pull",): ["demo", "smollm2", "qwen-coder-1.5b", "sha256"],
         ("models",): ["size"],
-        ("label",): ["--model NAME=PATH", "--data FILE.jsonl", "--python-corpus N", "--max-tokens-per-example",
-                     "--seed", "--out DIR", "--dtype", "--no-pull", "labels.safetensors", "labels.json", "FLOPs"],
-        ("train-router",): ["--policy {citer,r2r,collm}", "--labels DIR", "--out DIR", "--recall", "--large-share",
-                            "--epochs", "--seed", "--heldout", "AUC", "router.json", "router.safetensors"],
-    }[tuple(command)]  # fmt: skip
+        ("label",): [
+            "--model NAME=PATH",
+            "--data FILE.jsonl",
+            "--python-corpus N",
+            "--max-tokens-per-example",
+            "--seed",
+            "--out DIR",
+            "--dtype",
+            "--no-pull",
+            "labels.safetensors",
+            "labels.json",
+            "FLOPs",
+        ],
+        ("train-router",): [
+            "--policy {citer,r2r,collm}",
+            "--labels DIR",
+            "--out DIR",
+            "--recall",
+            "--large-share",
+            "--epochs",
+            "--seed",
+            "--heldout",
+            "AUC",
+            "router.json",
+            "router.safetensors",
+        ],
+    }[tuple(command)]
     for word in expected:
         assert word in out, (word, out)
 
@@ -166,7 +207,7 @@ def test_generate_colours_each_models_tokens_on_a_terminal(capsys, tiny_pair, mo
     code, out, _ = run_cli(argv, capsys)
     assert code == 0
     small, large = cli.COLOURS[0], cli.COLOURS[1]
-    models_seen = {m for m in record["token_models"]}
+    models_seen = set(record["token_models"])
     assert (small in out) == ("small" in models_seen) and (large in out) == ("large" in models_seen)
     plain = out
     for code_ in (small, large, cli.DIM, cli.RESET):

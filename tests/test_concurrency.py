@@ -34,7 +34,7 @@ def refs(tiny_pair):
 
 
 def _engine(pair) -> Engine:
-    spec = dict(dtype="float64", kv_cache_tokens=512, block_size=8, max_num_batched_tokens=64)
+    spec = {"dtype": "float64", "kv_cache_tokens": 512, "block_size": 8, "max_num_batched_tokens": 64}
     return Engine(models={n: ModelSpec(path=p, **spec) for n, p in pair.items()}, policy=POLICY, num_threads=1)
 
 
@@ -93,7 +93,9 @@ OPS = st.one_of(
     st.tuples(st.just("cancel"), st.integers(0, 15)),
     st.tuples(st.just("leave"), st.integers(0, 15)),
     st.tuples(st.just("sleep"), st.integers(0, 20)),
-    st.tuples(st.just("close_and_restart"),),
+    st.tuples(
+        st.just("close_and_restart"),
+    ),
 )
 
 

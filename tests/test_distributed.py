@@ -45,7 +45,7 @@ def _prompts(n: int, seed: int) -> list[list[int]]:
 
 
 def specs(pair, placed=("small", "large"), **kw):
-    base = dict(dtype="float64", kv_cache_tokens=2048, block_size=8, max_num_batched_tokens=64) | kw
+    base = {"dtype": "float64", "kv_cache_tokens": 2048, "block_size": 8, "max_num_batched_tokens": 64} | kw
     return {n: ModelSpec(path=p, placement=PLACE[n] if n in placed else None, **base) for n, p in pair.items()}
 
 
@@ -56,9 +56,13 @@ def engine(ray_cluster, tiny_pair, tmp_path_factory):
     home = os.environ.get("TOKENROUTER_HOME")
     os.environ["TOKENROUTER_HOME"] = str(tmp_path_factory.mktemp("home"))
     e = Engine(
-        models=specs(tiny_pair), policy=POLICY, num_threads=1, placement_strategy="STRICT_SPREAD",
-        delayed_batching="auto", auto_batching={"interval_s": 0.2},
-    )  # fmt: skip
+        models=specs(tiny_pair),
+        policy=POLICY,
+        num_threads=1,
+        placement_strategy="STRICT_SPREAD",
+        delayed_batching="auto",
+        auto_batching={"interval_s": 0.2},
+    )
     try:
         anyio.run(e.start)
         yield e
@@ -144,7 +148,10 @@ def test_stats_metrics_and_measured_transport(engine):
 
 
 def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_delay(engine):
-    assert {p.measured_in_thread for p in engine.profiles.values()} == {"tokenrouter-worker-small", "tokenrouter-worker-large"}
+    assert {p.measured_in_thread for p in engine.profiles.values()} == {
+        "tokenrouter-worker-small",
+        "tokenrouter-worker-large",
+    }
     prompts = _prompts(8, seed=31)
     anyio.run(generate_all, engine, prompts, PARAMS)  # traffic for the controller to observe
     prediction = engine.throughput_prediction(refresh=True)
@@ -158,7 +165,10 @@ def _channels_off(worker) -> None:
     """Send everything by Ray calls, as when an actor cannot reach its peers' or caller's port."""
     from tokenrouter.distributed.links import PeerLink
 
-    worker.test_channels = (worker.queue.channel, {n: p.link.channel for n, p in worker.peers.items() if isinstance(p, PeerLink)})
+    worker.test_channels = (
+        worker.queue.channel,
+        {n: p.link.channel for n, p in worker.peers.items() if isinstance(p, PeerLink)},
+    )
     worker.queue.channel = None
     for n in worker.test_channels[1]:
         worker.peers[n].link.channel = None
@@ -256,7 +266,8 @@ LOCAL_RAY = textwrap.dedent(
             out = await e.generate([5, 6, 7], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
             started = descendants()
         left = wait_gone(started, 60)
-        print(json.dumps({"tokens": out.token_ids, "connected": ray.is_initialized(), "started": len(started), "left": left}))
+        state = {"tokens": out.token_ids, "connected": ray.is_initialized(), "started": len(started), "left": left}
+        print(json.dumps(state))
 
     anyio.run(main)
     """

@@ -27,14 +27,24 @@ from tokenrouter.engine.inbox import HandOff
 from tokenrouter.testing import load_reference_models, reference_generate
 
 from .helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free
-from .test_cancellation import BYSTANDER, BYSTANDER_PROMPT, CASES, POLICIES, STATES, cancel_victim, check_ends, parties, start_parties
+from .test_cancellation import (
+    BYSTANDER,
+    BYSTANDER_PROMPT,
+    CASES,
+    POLICIES,
+    STATES,
+    cancel_victim,
+    check_ends,
+    parties,
+    start_parties,
+)
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
 
 
 def _specs(pair):
-    base = dict(dtype="float64", kv_cache_tokens=1024, block_size=8, max_num_batched_tokens=16)
+    base = {"dtype": "float64", "kv_cache_tokens": 1024, "block_size": 8, "max_num_batched_tokens": 16}
     return {name: ModelSpec(path=path, placement=PLACE[name], **base) for name, path in pair.items()}
 
 
@@ -127,7 +137,9 @@ def test_closing_with_a_hand_off_in_a_frozen_actors_inbox_ends_everything_and_st
             assert by.finish_reason == "abort" or by.token_ids == bystander_ref["everyk"].token_ids
             for w in old:  # each actor's last statistics, sent as it stopped: its KV pool was whole
                 s = w.stats()
-                assert not s.alive and s.running == s.pending == s.waiting == 0 and s.kv_blocks_free == s.kv_blocks_total
+                assert (
+                    not s.alive and s.running == s.pending == s.waiting == 0 and s.kv_blocks_free == s.kv_blocks_total
+                )
             assert engine.health().workers == {"small": "stopped", "large": "stopped"}
             await engine.start()  # new actors
             out = await engine.generate(BYSTANDER_PROMPT, BYSTANDER)

@@ -33,7 +33,10 @@ def refs(tiny_pair):
 
 
 def _engine(pair):
-    specs = {n: ModelSpec(path=p, placement=PLACE[n], dtype="float64", kv_cache_tokens=1024, block_size=8) for n, p in pair.items()}
+    specs = {
+        n: ModelSpec(path=p, placement=PLACE[n], dtype="float64", kv_cache_tokens=1024, block_size=8)
+        for n, p in pair.items()
+    }
     return Engine(models=specs, policy=POLICY, num_threads=1, stop_timeout=10)
 
 
@@ -107,7 +110,9 @@ def _break_scheduler(worker) -> None:
     worker.core.scheduler.schedule = schedule
 
 
-def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails_its_requests(ray_cluster, tiny_pair, refs):
+def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails_its_requests(
+    ray_cluster, tiny_pair, refs
+):
     async def main():
         async with _engine(tiny_pair) as engine:
             outs = await _generate_all(engine, ["a", "b"])
@@ -152,7 +157,9 @@ def test_batches_sent_once_a_worker_is_down_say_so():
     queue.channel = Channel()
 
     def end(request_id: str, error: str | None) -> None:
-        queue.stage_events([wire.NumberedEvent(WorkerEvent(request_id, [], "large", finish_reason="error", error=error), 0)])
+        queue.stage_events(
+            [wire.NumberedEvent(WorkerEvent(request_id, [], "large", finish_reason="error", error=error), 0)]
+        )
         queue.publish()
 
     end("a", None)

@@ -16,11 +16,11 @@ def _workload(seed: int, n: int, vocab: int):
     for i in range(n):
         plen = rng.choice([1, 3, 9, 17, 33, 70, 140])
         reqs.append(
-            dict(
-                prompt=[rng.randrange(3, vocab) for _ in range(plen)],
-                max_tokens=rng.randint(1, 40),
-                delay=rng.uniform(0, 0.05) * (i % 4),
-            )
+            {
+                "prompt": [rng.randrange(3, vocab) for _ in range(plen)],
+                "max_tokens": rng.randint(1, 40),
+                "delay": rng.uniform(0, 0.05) * (i % 4),
+            }
         )
     return reqs
 

@@ -35,7 +35,10 @@ COUNT_EVEN = Problem(
     ),
     entry_point="count_even",
     canonical_solution="    return sum(1 for x in xs if is_even(x))\n",
-    test="\n\ndef check(candidate):\n    assert candidate([1, 2, 4]) == 2\n    assert candidate([]) == 0\n    assert candidate([3]) == 0\n",
+    test=(
+        "\n\ndef check(candidate):\n    assert candidate([1, 2, 4]) == 2\n"
+        "    assert candidate([]) == 0\n    assert candidate([3]) == 0\n"
+    ),
 )
 # Imports in the prompt, as most HumanEval problems have.
 LONGEST = Problem(
@@ -167,7 +170,13 @@ def test_specs_make_systems():
 
 def test_verifying_specs_make_speculative_and_bild_systems():
     systems = parse_systems(["speculative", "speculative:2,8", "bild:0.6/5,0.8/3"], MODELS)
-    assert [s.label for s in systems] == ["speculative:auto", "speculative:2", "speculative:8", "bild:0.6/5", "bild:0.8/3"]
+    assert [s.label for s in systems] == [
+        "speculative:auto",
+        "speculative:2",
+        "speculative:8",
+        "bild:0.6/5",
+        "bild:0.8/3",
+    ]
     spec = systems[2].make()
     assert isinstance(spec, Speculative) and spec.k == 8 and systems[0].make().k == "auto"
     bild = systems[4].make()
@@ -254,9 +263,13 @@ def test_a_bad_line_in_the_middle_is_an_error(tmp_path):
 
 def test_resuming_needs_the_same_configuration(tmp_path):
     run = {
-        "format": 1, "prompt_version": 1, "max_tokens": 512, "data": {"fingerprint": "d", "source": "a"},
-        "sandbox": {"timeout_s": 10.0, "memory_bytes": 1}, "models": {"small": {"fingerprint": "s", "path": "/x"}},
-    }  # fmt: skip
+        "format": 1,
+        "prompt_version": 1,
+        "max_tokens": 512,
+        "data": {"fingerprint": "d", "source": "a"},
+        "sandbox": {"timeout_s": 10.0, "memory_bytes": 1},
+        "models": {"small": {"fingerprint": "s", "path": "/x"}},
+    }
     moved = {**run, "models": {"small": {"fingerprint": "s", "path": "/elsewhere"}}, "data": {"fingerprint": "d"}}
     check_resumable(tmp_path, run, moved)  # where the models and data are does not matter
     with pytest.raises(ConfigError, match=r"max_tokens: 512 there, 256 now"):
@@ -303,21 +316,30 @@ def test_pareto_front():
 
 def _record(system, task, passed, small, large, processed):
     return {
-        "type": "problem", "system": system, "task_id": task, "passed": passed, "status": "passed" if passed else "failed",
+        "type": "problem",
+        "system": system,
+        "task_id": task,
+        "passed": passed,
+        "status": "passed" if passed else "failed",
         "tokens_by_model": {k: v for k, v in (("small", small), ("large", large)) if v},
-        "tokens_processed": processed, "handoffs": 1, "steps_delta": {"small": 2},
-    }  # fmt: skip
+        "tokens_processed": processed,
+        "handoffs": 1,
+        "steps_delta": {"small": 2},
+    }
 
 
 def test_the_summary_from_records_alone():
     run = {
-        "type": "run", "prompt_version": 1, "max_tokens": 8, "data": {"source": "toy", "problems": 5},
+        "type": "run",
+        "prompt_version": 1,
+        "max_tokens": 8,
+        "data": {"source": "toy", "problems": 5},
         "sandbox": {"timeout_s": 10},
         "models": {
             "small": {"flops_per_token": 1, "description": "s", "parameters": 1},
             "large": {"flops_per_token": 3, "description": "l", "parameters": 3},
         },
-    }  # fmt: skip
+    }
     records = [
         run,
         {"type": "system", "system": "large", "kind": "large", "models": ["large"], "policy": "Single('large')"},
@@ -326,9 +348,17 @@ def test_the_summary_from_records_alone():
         {"type": "system", "system": "r", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"},
         _record("r", "a", True, 8, 2, {"small": 100, "large": 50}),
         _record("r", "a", False, 8, 2, {"small": 100, "large": 50}),  # a re-run: the last record wins
-        {"type": "speed", "system": "r", "tok_per_s": 5.0, "p50_s": 2.0, "concurrency": 4, "requests": 8,
-         "date": "2026-12-01T00:00:00Z", "machine": {"cpu": "x", "cpu_count": 2}},
-    ]  # fmt: skip
+        {
+            "type": "speed",
+            "system": "r",
+            "tok_per_s": 5.0,
+            "p50_s": 2.0,
+            "concurrency": 4,
+            "requests": 8,
+            "date": "2026-12-01T00:00:00Z",
+            "machine": {"cpu": "x", "cpu_count": 2},
+        },
+    ]
     s = summarize(records)
     assert s.reference == "large"
     large, routed = s.rows
@@ -341,26 +371,43 @@ def test_the_summary_from_records_alone():
     assert "Still running (pass@1 over the problems finished so far; left out of pareto.png): r (1 of 2)." in md
     assert [r.system for r in s.plotted()] == ["large"]  # r has 1 of the 2 problems: not the same work
     assert "large (" not in md  # a --limit run: 2 of the file's 5, finished, not still running
-    records.append({"type": "system", "system": "later", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"})
+    records.append(
+        {"type": "system", "system": "later", "kind": "rstitch", "models": ["small", "large"], "policy": "RStitch()"}
+    )
     md = markdown(summarize(records))
     assert "| later |" not in md and "Not run yet: later." in md
 
 
 def test_speed_is_the_median_of_the_runs_at_the_latest_setting():
     def speed(tok_per_s, p50_s, concurrency=4):
-        return {"type": "speed", "system": "r", "tok_per_s": tok_per_s, "p50_s": p50_s, "concurrency": concurrency,
-                "requests": 8, "date": "2026-12-01T00:00:00Z", "machine": {"cpu": "x", "cpu_count": 2}}  # fmt: skip
+        return {
+            "type": "speed",
+            "system": "r",
+            "tok_per_s": tok_per_s,
+            "p50_s": p50_s,
+            "concurrency": concurrency,
+            "requests": 8,
+            "date": "2026-12-01T00:00:00Z",
+            "machine": {"cpu": "x", "cpu_count": 2},
+        }
 
     run = {
-        "type": "run", "prompt_version": 1, "max_tokens": 8, "data": {"source": "toy", "problems": 1},
-        "sandbox": {"timeout_s": 10}, "models": {"small": {"flops_per_token": 1, "description": "s", "parameters": 1}},
-    }  # fmt: skip
+        "type": "run",
+        "prompt_version": 1,
+        "max_tokens": 8,
+        "data": {"source": "toy", "problems": 1},
+        "sandbox": {"timeout_s": 10},
+        "models": {"small": {"flops_per_token": 1, "description": "s", "parameters": 1}},
+    }
     records = [
-        run, {"type": "system", "system": "r", "kind": "single", "models": ["small"], "policy": "Single('small')"},
+        run,
+        {"type": "system", "system": "r", "kind": "single", "models": ["small"], "policy": "Single('small')"},
         _record("r", "a", True, 8, 0, {"small": 10}),
         speed(99.0, 0.1, concurrency=1),  # another setting, measured earlier: not the same work
-        speed(4.0, 3.0), speed(6.0, 1.0), speed(5.0, 9.0),
-    ]  # fmt: skip
+        speed(4.0, 3.0),
+        speed(6.0, 1.0),
+        speed(5.0, 9.0),
+    ]
     s = summarize(records)
     sp = s.rows[0].speed
     assert (sp.concurrency, len(sp.runs), sp.tok_per_s, sp.p50_s) == (4, 3, 5.0, 3.0)

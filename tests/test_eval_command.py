@@ -73,8 +73,18 @@ def ctrl_c_raises():
 
 
 def test_an_interrupted_run_resumes_where_it_stopped(tmp_path, data, ctrl_c_raises):
-    common = ["--quick", "--data", str(data), "--systems", "small", "rstitch:0.2", "--concurrency", "1",
-              "--speed-requests", "0"]  # fmt: skip
+    common = [
+        "--quick",
+        "--data",
+        str(data),
+        "--systems",
+        "small",
+        "rstitch:0.2",
+        "--concurrency",
+        "1",
+        "--speed-requests",
+        "0",
+    ]
     ref = tmp_path / "ref"
     assert run([*common, "--out", str(ref)])[0] == 0
     out = tmp_path / "resumed"

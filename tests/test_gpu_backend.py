@@ -16,11 +16,11 @@ import torch
 
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
 from tokenrouter.engine.attention_choice import choose_attention_backend
+from tokenrouter.engine.batch import ScheduledBatch
 from tokenrouter.engine.cuda_graph import graph_batch_sizes, pad_decode
 from tokenrouter.engine.flashinfer_attention import import_flashinfer
 from tokenrouter.engine.kv_cache import KVCache, KVLayout
 from tokenrouter.engine.model_loader import load_model
-from tokenrouter.engine.batch import ScheduledBatch
 from tokenrouter.engine.model_runner import ModelRunner
 from tokenrouter.engine.paged_layout import PagedLayout
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
@@ -105,9 +105,16 @@ def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling
     k_cache[slots], v_cache[slots] = k, v
     pages = (-1, layout.page_size, *k.shape[1:])
     return _paged_attention(
-        q, k_cache.view(pages), v_cache.view(pages), layout.qo_indptr, layout.kv_indptr, layout.kv_indices,
-        layout.kv_last_page_len, window - 1 if window else -1, scaling,
-    )  # fmt: skip
+        q,
+        k_cache.view(pages),
+        v_cache.view(pages),
+        layout.qo_indptr,
+        layout.kv_indptr,
+        layout.kv_indices,
+        layout.kv_last_page_len,
+        window - 1 if window else -1,
+        scaling,
+    )
 
 
 @pytest.mark.parametrize("window", [None, 5])
@@ -220,16 +227,37 @@ class _FlashInferSemantics:
     themselves are checked against the torch backend by the `gpu` tests below."""
 
     class BatchDecodeWithPagedKVCacheWrapper:
-        def __init__(self, workspace, layout, use_cuda_graph=False, use_tensor_cores=False,
-                     paged_kv_indptr_buffer=None, paged_kv_indices_buffer=None, paged_kv_last_page_len_buffer=None):
+        def __init__(
+            self,
+            workspace,
+            layout,
+            use_cuda_graph=False,
+            use_tensor_cores=False,
+            paged_kv_indptr_buffer=None,
+            paged_kv_indices_buffer=None,
+            paged_kv_last_page_len_buffer=None,
+        ):
             assert layout == "NHD" and workspace.dtype == torch.uint8
             self.graph = use_cuda_graph
             self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
             if use_cuda_graph:
                 assert all(b is not None for b in self.bufs)
 
-        def plan(self, indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size, *,
-                 window_left=-1, sm_scale=None, q_data_type=None, kv_data_type=None):
+        def plan(
+            self,
+            indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            *,
+            window_left=-1,
+            sm_scale=None,
+            q_data_type=None,
+            kv_data_type=None,
+        ):
             assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
             if self.graph:  # fixed batch size; the step's pages are copied into the fixed buffers
                 indptr_buf, indices_buf, last_buf = self.bufs
@@ -254,8 +282,23 @@ class _FlashInferSemantics:
         def __init__(self, workspace, layout):
             assert layout == "NHD"
 
-        def plan(self, qo_indptr, kv_indptr, indices, last_page_len, num_qo_heads, num_kv_heads, head_dim, page_size,
-                 *, causal=False, window_left=-1, sm_scale=None, q_data_type=None, kv_data_type=None):
+        def plan(
+            self,
+            qo_indptr,
+            kv_indptr,
+            indices,
+            last_page_len,
+            num_qo_heads,
+            num_kv_heads,
+            head_dim,
+            page_size,
+            *,
+            causal=False,
+            window_left=-1,
+            sm_scale=None,
+            q_data_type=None,
+            kv_data_type=None,
+        ):
             assert causal
             self.plan_ = (qo_indptr.clone(), kv_indptr.clone(), indices.clone(), last_page_len.clone())
             self.args = (window_left, sm_scale or head_dim**-0.5)
@@ -356,7 +399,7 @@ def gpu_pair(tmp_path_factory, tokenizer):
     from tokenrouter.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("gpu")
-    shape = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=1, intermediate_size=512)
+    shape = {"hidden_size": 256, "num_attention_heads": 4, "num_key_value_heads": 1, "intermediate_size": 512}
     common = dict(dtype=torch.bfloat16, tokenizer=tokenizer, logit_scale=3.0, **shape)
     small = build_tiny_model(root / "s", "qwen2", seed=1, **common)
     large = build_tiny_model(root / "l", "qwen2", seed=2, num_hidden_layers=3, **common)
@@ -404,7 +447,15 @@ def test_cuda_graph_replay_equals_eager(gpu_pair):
     cache = KVCache(layout, 65, BS, loaded.device)  # block 64: the scratch block
     backend = FlashInferPagedAttention(cache, loaded.model.config.num_attention_heads, loaded.device)
     runner = ModelRunner(loaded, backend, BS)
-    graphs = DecodeGraphs(runner.run_model, backend, runner.device, runner.block_size, max_batch=8, scratch_block=64, max_pages_per_row=128)
+    graphs = DecodeGraphs(
+        runner.run_model,
+        backend,
+        runner.device,
+        runner.block_size,
+        max_batch=8,
+        scratch_block=64,
+        max_pages_per_row=128,
+    )
     graphs.capture()
     batch = _mixed_step(runner, rng)
     decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)

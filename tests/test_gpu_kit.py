@@ -34,17 +34,36 @@ def _kit():
 
 def _dry_run(*extra: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        ["bash", "scripts/gpu_check.sh", "--dry-run", *extra, ],
-        cwd=ROOT, capture_output=True, text=True, timeout=900, env=None,
-    )  # fmt: skip
+        [
+            "bash",
+            "scripts/gpu_check.sh",
+            "--dry-run",
+            *extra,
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        env=None,
+    )
 
 
 @pytest.mark.skipif(not HAVE_WHEELS, reason=NO_WHEELS)
 def test_dry_run_passes():
     done = _dry_run()
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
-    for check in ("wheels:", "requirements:", "stage install:", "flashinfer:", "size:", "command:", "stage env",
-                  "stage tests", "stages routed, single, eager", "stage summary"):  # fmt: skip
+    for check in (
+        "wheels:",
+        "requirements:",
+        "stage install:",
+        "flashinfer:",
+        "size:",
+        "command:",
+        "stage env",
+        "stage tests",
+        "stages routed, single, eager",
+        "stage summary",
+    ):
         assert f"PASS {check}" in done.stdout, check
     assert "dry run: every check passed" in done.stdout
 
@@ -68,8 +87,9 @@ def test_dry_run_without_wheels_built_says_what_to_do(tmp_path):
 
 
 def test_the_documented_run_call_is_the_scripts():
-    command = subprocess.run(["bash", "scripts/gpu_check.sh", "--print-command"], cwd=ROOT, capture_output=True,
-                             text=True, check=True).stdout.strip()  # fmt: skip
+    command = subprocess.run(
+        ["bash", "scripts/gpu_check.sh", "--print-command"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.strip()
     doc = (ROOT / "docs" / "gpu.md").read_text()
     assert f'command="{command}"' in doc and 'carry=[".whl"]' in doc and "timeout_s=600" in doc
     assert len(command) <= 2000
@@ -92,11 +112,20 @@ def test_record_check_catches_a_changed_file(tmp_path):
 
 def test_trimmed_metadata_drops_only_the_unused_requirements():
     kit = _kit()
-    text = "\n".join([
-        "Metadata-Version: 2.4", "Name: flashinfer-python", "Version: 0.7.4", "Requires-Dist: apache-tvm-ffi<0.2,>=0.1.11",
-        "Requires-Dist: nvidia-cutlass-dsl>=4.8.0", "Requires-Dist: cuda-python>=12.0", "Requires-Dist: torch",
-        'Requires-Dist: nvidia-cutlass-dsl[cu13]>=4.8.0; extra == "cu13"', "", "body",
-    ])  # fmt: skip
+    text = "\n".join(
+        [
+            "Metadata-Version: 2.4",
+            "Name: flashinfer-python",
+            "Version: 0.7.4",
+            "Requires-Dist: apache-tvm-ffi<0.2,>=0.1.11",
+            "Requires-Dist: nvidia-cutlass-dsl>=4.8.0",
+            "Requires-Dist: cuda-python>=12.0",
+            "Requires-Dist: torch",
+            'Requires-Dist: nvidia-cutlass-dsl[cu13]>=4.8.0; extra == "cu13"',
+            "",
+            "body",
+        ]
+    )
     out, dropped = kit.trimmed_metadata(text, "0.7.4+trim")
     assert dropped == ["nvidia-cutlass-dsl>=4.8.0", "cuda-python>=12.0"]
     assert "Version: 0.7.4+trim" in out and "Requires-Dist: torch" in out and "apache-tvm-ffi" in out
@@ -108,8 +137,13 @@ def test_the_resolver_check_fails_without_a_needed_wheel(tmp_path):
     for w in WHEELS.glob("*.whl"):
         if not w.name.startswith("pydantic_core-"):
             shutil.copy(w, tmp_path)
-    done = subprocess.run([sys.executable, "scripts/gpu_kit.py", "resolve", str(tmp_path)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "scripts/gpu_kit.py", "resolve", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 1
     assert "pydantic-core" in done.stdout
 
@@ -119,8 +153,10 @@ def test_summary_lists_the_stages_with_their_times(tmp_path):
     stages = tmp_path / "stages.tsv"
     stages.write_text("install\t90\t8.5\t0\t\njit\t300\t300.0\t124\t\ntests\t120\t0\t-1\tskipped: no time left\n")
     (tmp_path / "routed.json").write_text("{}")
-    assert kit.main(["summary", "--out", str(tmp_path), "--stages", str(stages), "--attention", "torch",
-                     "--wall", "420"]) == 0  # fmt: skip
+    assert (
+        kit.main(["summary", "--out", str(tmp_path), "--stages", str(stages), "--attention", "torch", "--wall", "420"])
+        == 0
+    )
     import json
 
     summary = json.loads((tmp_path / "summary.json").read_text())

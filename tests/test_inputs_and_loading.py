@@ -7,28 +7,36 @@ import pydantic
 import pytest
 import torch
 
-from tokenrouter import ConfigError, Engine, EngineNotRunningError, InvalidRequestError, ModelLoadError, ModelSpec
-from tokenrouter import SamplingParams, Single
+from tokenrouter import (
+    ConfigError,
+    Engine,
+    EngineNotRunningError,
+    InvalidRequestError,
+    ModelLoadError,
+    ModelSpec,
+    SamplingParams,
+    Single,
+)
 from tokenrouter.testing import build_tiny_model
 
 
 @pytest.mark.parametrize(
     "kwargs, field",
     [
-        (dict(max_tokens=0), "max_tokens"),
-        (dict(max_tokens=-3), "max_tokens"),
-        (dict(temperature=-0.1), "temperature"),
-        (dict(temperature=math.nan), "temperature"),
-        (dict(temperature=math.inf), "temperature"),
-        (dict(top_p=0.0), "top_p"),
-        (dict(top_p=1.5), "top_p"),
-        (dict(top_k=-1), "top_k"),
-        (dict(min_p=1.5), "min_p"),
-        (dict(seed=-1), "seed"),
-        (dict(stop=[""]), "stop"),
-        (dict(stop_token_ids=[-1]), "stop_token_ids"),
-        (dict(max_tokens="many"), "max_tokens"),
-        (dict(bogus=1), "bogus"),
+        ({"max_tokens": 0}, "max_tokens"),
+        ({"max_tokens": -3}, "max_tokens"),
+        ({"temperature": -0.1}, "temperature"),
+        ({"temperature": math.nan}, "temperature"),
+        ({"temperature": math.inf}, "temperature"),
+        ({"top_p": 0.0}, "top_p"),
+        ({"top_p": 1.5}, "top_p"),
+        ({"top_k": -1}, "top_k"),
+        ({"min_p": 1.5}, "min_p"),
+        ({"seed": -1}, "seed"),
+        ({"stop": [""]}, "stop"),
+        ({"stop_token_ids": [-1]}, "stop_token_ids"),
+        ({"max_tokens": "many"}, "max_tokens"),
+        ({"bogus": 1}, "bogus"),
     ],
 )
 def test_sampling_params_reject_bad_values(kwargs, field):
@@ -166,8 +174,8 @@ def test_encoder_decoder_is_rejected(tmp_path):
 @pytest.mark.parametrize(
     "arch, overrides, reason",
     [
-        ("gemma2", dict(head_dim=16, attn_logit_softcapping=50.0), "caps its attention logits"),
-        ("gpt_oss", dict(head_dim=16, num_local_experts=2, num_experts_per_tok=1), "learned attention sinks"),
+        ("gemma2", {"head_dim": 16, "attn_logit_softcapping": 50.0}, "caps its attention logits"),
+        ("gpt_oss", {"head_dim": 16, "num_local_experts": 2, "num_experts_per_tok": 1}, "learned attention sinks"),
     ],
 )
 def test_attention_the_paged_backends_do_not_compute_fails_at_load(tmp_path, tokenizer, arch, overrides, reason):

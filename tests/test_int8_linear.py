@@ -71,7 +71,7 @@ def test_the_loader_quantizes_on_cpu_float32_only(tmp_path, tokenizer):
     assert anyio.run(lambda: kernel(quantization="int8")) == f"int8+{packs}"
     assert anyio.run(lambda: kernel(quantization="int8", onednn_linear=False)) == "int8+torch"
     assert anyio.run(lambda: kernel()) == packs
-    for bad in (dict(dtype="float64"), dict(dtype="bfloat16"), dict(device="cuda")):
+    for bad in ({"dtype": "float64"}, {"dtype": "bfloat16"}, {"device": "cuda"}):
         with pytest.raises(ValidationError, match="quantization='int8' runs on device 'cpu' in float32 only"):
             ModelSpec(path=path, quantization="int8", **bad)
     with pytest.raises(ValidationError, match="quantization"):
@@ -93,7 +93,9 @@ def test_an_int8_draft_leaves_greedy_speculative_the_large_models_output(tiny_pa
 
     async def main():
         async with Engine(models=specs, policy=Speculative(k=4)) as e:
-            outs = await generate_all(e, prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths])
+            outs = await generate_all(
+                e, prompts, [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in lengths]
+            )
             await wait_all_free(e)
             assert holds_nothing(e)
             return outs

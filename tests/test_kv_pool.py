@@ -102,6 +102,7 @@ def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tok
 
     async def main():
         async with Engine(models={"m": spec}) as engine:
+
             async def one(i):
                 await anyio.sleep(0.002 * i)
                 params = SamplingParams(temperature=0, max_tokens=max_tokens[i], ignore_eos=True)
@@ -110,11 +111,14 @@ def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tok
             async def aborted():
                 # This one is aborted mid-way: its blocks must come back too.
                 async with anyio.create_task_group() as tg:
+
                     async def run():
                         outs["aborted"] = await engine.generate(
-                            prompts[0], SamplingParams(temperature=0, max_tokens=110, ignore_eos=True),
+                            prompts[0],
+                            SamplingParams(temperature=0, max_tokens=110, ignore_eos=True),
                             request_id="to-abort",
                         )
+
                     tg.start_soon(run)
                     await anyio.sleep(0.05)
                     await engine.abort("to-abort")
@@ -144,7 +148,7 @@ def test_preemption_and_prefix_sharing_keep_outputs_and_free_all(tiny_model, tok
         assert outs[i].token_ids == hf_greedy(tiny_model, p, max_tokens[i]), f"request {i} differs"
 
 
-@pytest.mark.parametrize("budget", [dict(kv_cache_tokens=64), dict(kv_cache_bytes=64 * 2 * 2 * 2 * 16 * 8)])
+@pytest.mark.parametrize("budget", [{"kv_cache_tokens": 64}, {"kv_cache_bytes": 64 * 2 * 2 * 2 * 16 * 8}])
 def test_budget_in_tokens_or_bytes(tiny_model, budget):
     # tiny qwen2: 2 layers x 2 kv heads x 16 dims, float64: 2*2*2*16*8 = 1024 bytes per token
     spec = ModelSpec(path=tiny_model, dtype="float64", block_size=8, **budget)
@@ -172,8 +176,9 @@ def test_a_request_too_big_for_any_pool_it_may_visit_fails_at_once(tiny_pair):
             with pytest.raises(InvalidRequestError) as info:
                 await engine.generate([5] * 40, SamplingParams(max_tokens=30))
             assert info.value.field == "max_tokens"
-            assert "needs KV for 70 tokens (prompt 40 + max_tokens 30), but model 'large''s pool holds 64 tokens" in str(
-                info.value
+            assert (
+                "needs KV for 70 tokens (prompt 40 + max_tokens 30), but model 'large''s pool holds 64 tokens"
+                in str(info.value)
             )
             assert all(s.steps == 0 and s.kv_blocks_free == s.kv_blocks_total for s in engine.stats().values())
             out = await engine.generate([5] * 40, SamplingParams(max_tokens=20, ignore_eos=True))

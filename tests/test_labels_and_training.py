@@ -17,7 +17,6 @@ import torch
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.model_runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, normalized_entropy
-from tokenrouter.training.labels import Labels, label, python_corpus, read_jsonl, summary
 from tokenrouter.policies.routers import (
     ModelIdentity,
     RouterConfig,
@@ -26,6 +25,8 @@ from tokenrouter.policies.routers import (
     load_router,
     save_router,
 )
+from tokenrouter.testing import build_tiny_model, build_tokenizer, load_reference_models, reference_generate
+from tokenrouter.training.labels import Labels, label, python_corpus, read_jsonl, summary
 from tokenrouter.training.router_training import (
     defer,
     features,
@@ -33,7 +34,6 @@ from tokenrouter.training.router_training import (
     teacher_forced_eval,
     train_router,
 )
-from tokenrouter.testing import build_tiny_model, build_tokenizer, load_reference_models, reference_generate
 
 from .conftest import TINY_PAIR_TAU
 from .test_cli import pair_args, run_cli
@@ -83,9 +83,15 @@ def trios(tmp_path_factory, tokenizer, tiny_pair):
     test_learned_policies), and the tiny small model with two grown copies of it."""
     root = tmp_path_factory.mktemp("trios")
     medium = build_tiny_model(
-        root / "medium", "qwen2", dtype=torch.float64, seed=3, tokenizer=tokenizer, logit_scale=3.0,
-        num_hidden_layers=2, hidden_size=80,
-    )  # fmt: skip
+        root / "medium",
+        "qwen2",
+        dtype=torch.float64,
+        seed=3,
+        tokenizer=tokenizer,
+        logit_scale=3.0,
+        num_hidden_layers=2,
+        hidden_size=80,
+    )
     return {
         "distinct": {"small": tiny_pair["small"], "medium": medium, "large": tiny_pair["large"]},
         "grown": {
@@ -128,7 +134,10 @@ def test_read_jsonl_takes_text_and_chat_prompts_and_names_bad_lines(tmp_path):
     good = tmp_path / "good.jsonl"
     rows = [
         {"prompt": "Reverse a string.", "response": "def rev(s):\n    return s[::-1]\n"},
-        {"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add."}], "response": "a + b"},
+        {
+            "prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Add."}],
+            "response": "a + b",
+        },
     ]
     good.write_text("\n".join(json.dumps(r) for r in rows) + "\n\n")
     assert read_jsonl(good) == rows
@@ -184,8 +193,12 @@ def _independent_labels(models: dict, examples, tokenizer):
     return (
         torch.stack([torch.cat(greedy[m]) for m in models], 1),
         torch.stack([torch.cat(entropy[m]) for m in models], 1),
-        torch.cat(hidden), torch.cat(emb), torch.cat(top), torch.tensor(tokens), params,
-    )  # fmt: skip
+        torch.cat(hidden),
+        torch.cat(emb),
+        torch.cat(top),
+        torch.tensor(tokens),
+        params,
+    )
 
 
 @pytest.mark.parametrize("trio", ["distinct", "grown"])
@@ -356,14 +369,21 @@ def _hand_labels() -> Labels:
     hidden[:, 0] = torch.tensor([r[5] for r in rows])
     ident = ModelIdentity(hidden_size=h, vocab_size=10, fingerprint="0" * 16)
     return Labels(
-        model_names=["small", "large"], model_paths=["s", "l"], identities=[ident, ident], num_parameters=[1, 3],
+        model_names=["small", "large"],
+        model_paths=["s", "l"],
+        identities=[ident, ident],
+        num_parameters=[1, 3],
         greedy=torch.tensor([[1, 1] if r[4] else [2, 3] for r in rows]),
         entropy=torch.tensor([[r[2], r[3]] for r in rows]),
         sufficient=torch.tensor([0 if r[4] else 1 for r in rows]),
-        token=torch.zeros(n, dtype=torch.long), hidden=hidden, token_embedding=torch.zeros(n, h),
-        top_logprobs=torch.zeros(n, k), example=torch.tensor([r[0] for r in rows]),
-        position=torch.tensor([r[1] for r in rows]), num_examples=2,
-    )  # fmt: skip
+        token=torch.zeros(n, dtype=torch.long),
+        hidden=hidden,
+        token_embedding=torch.zeros(n, h),
+        top_logprobs=torch.zeros(n, k),
+        example=torch.tensor([r[0] for r in rows]),
+        position=torch.tensor([r[1] for r in rows]),
+        num_examples=2,
+    )
 
 
 class _FirstColumn(RouterNet):
@@ -387,7 +407,9 @@ def test_teacher_forced_eval_on_hand_made_labels():
 
     def router(kind):
         ident = labels.identities[0]
-        return _FirstColumn(RouterConfig(kind=kind, hidden_size=4, top_k=3, width=4, threshold=0.5, small=ident, large=ident))
+        return _FirstColumn(
+            RouterConfig(kind=kind, hidden_size=4, top_k=3, width=4, threshold=0.5, small=ident, large=ident)
+        )
 
     # r2r defers p >= .5 (5 rows; of the 4 kept, one agrees), collm p > .5 (3 rows; 2 of the 6 kept
     # agree), citer confidence < .5 (4 rows; 2 of the 5 kept agree)
@@ -414,15 +436,42 @@ def cli_router(tmp_path_factory, tiny_pair):
     root = tmp_path_factory.mktemp("cli")
     models = [f"--model=small={tiny_pair['small']}", f"--model=large={tiny_pair['large']}"]
     code, out, err = capsys.run(
-        ["label", *models, "--python-corpus", "6", "--max-tokens-per-example", "24", "--out", str(root / "labels"),
-         "--threads", "1", "--seed", "2"]
-    )  # fmt: skip
+        [
+            "label",
+            *models,
+            "--python-corpus",
+            "6",
+            "--max-tokens-per-example",
+            "24",
+            "--out",
+            str(root / "labels"),
+            "--threads",
+            "1",
+            "--seed",
+            "2",
+        ]
+    )
     assert code == 0, err
     labelled = out
     code, out, err = capsys.run(
-        ["train-router", "--policy", "r2r", "--labels", str(root / "labels"), "--out", str(root / "router"),
-         "--epochs", "2", "--width", "16", "--threads", "1", "--heldout", "0.34"]
-    )  # fmt: skip
+        [
+            "train-router",
+            "--policy",
+            "r2r",
+            "--labels",
+            str(root / "labels"),
+            "--out",
+            str(root / "router"),
+            "--epochs",
+            "2",
+            "--width",
+            "16",
+            "--threads",
+            "1",
+            "--heldout",
+            "0.34",
+        ]
+    )
     assert code == 0, err
     return root, labelled, out
 
@@ -456,15 +505,31 @@ def test_cli_label_and_train_router_on_the_tiny_pair(cli_router):
     assert f"take {100 * s['hardest_flops_share']:.1f}% of the estimated FLOPs" in labelled
     net = load_router(root / "router", "r2r")
     assert labels.identities == [net.config.small, net.config.large]
-    for word in ("AUC", "recall of hard tokens", "large-model share", f"threshold {net.config.threshold:.6g}", "saved to"):
+    for word in (
+        "AUC",
+        "recall of hard tokens",
+        "large-model share",
+        f"threshold {net.config.threshold:.6g}",
+        "saved to",
+    ):
         assert word in trained, (word, trained)
     assert f"{100 * net.config.metrics['recall']:.1f}%" in trained
 
 
 def test_cli_generate_with_a_trained_router(cli_router, tiny_pair, capsys):
     root = cli_router[0]
-    argv = ["generate", "def add(a, b):", "--policy", "r2r", "--router", str(root / "router"), "--json",
-            "--max-tokens", "8", *pair_args(tiny_pair)]  # fmt: skip
+    argv = [
+        "generate",
+        "def add(a, b):",
+        "--policy",
+        "r2r",
+        "--router",
+        str(root / "router"),
+        "--json",
+        "--max-tokens",
+        "8",
+        *pair_args(tiny_pair),
+    ]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     record = json.loads(out)
@@ -477,8 +542,20 @@ def test_cli_generate_with_a_trained_router(cli_router, tiny_pair, capsys):
 
 def test_cli_escalation_over_three_models(trios, capsys):
     models = [f"--model={m}={p}" for m, p in trios["grown"].items()]
-    argv = ["generate", "hi", "--policy", "escalation", "--taus", f"{TINY_PAIR_TAU},{TINY_PAIR_TAU}", "--json",
-            "--max-tokens", "6", "--threads", "1", *models]  # fmt: skip
+    argv = [
+        "generate",
+        "hi",
+        "--policy",
+        "escalation",
+        "--taus",
+        f"{TINY_PAIR_TAU},{TINY_PAIR_TAU}",
+        "--json",
+        "--max-tokens",
+        "6",
+        "--threads",
+        "1",
+        *models,
+    ]
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     record = json.loads(out)
@@ -489,7 +566,10 @@ def test_cli_escalation_over_three_models(trios, capsys):
 # fmt: off
 BAD_ARGUMENTS = [
     (["generate", "hi", "--policy", "r2r"], "--policy r2r needs --router DIR"),
-    (["generate", "hi", "--policy", "citer", "--router", "/no/such/router"], "router: /no/such/router is not a directory"),
+    (
+        ["generate", "hi", "--policy", "citer", "--router", "/no/such/router"],
+        "router: /no/such/router is not a directory",
+    ),
     (["generate", "hi", "--policy", "r2r", "--router", ".", "--threshold", "2"], "--threshold must be in [0, 1]"),
     (["generate", "hi", "--router", "/x"], "--router is only for --policy citer, r2r or collm"),
     (["generate", "hi", "--taus", "0.1"], "--taus is only for --policy escalation"),
@@ -506,9 +586,18 @@ BAD_ARGUMENTS = [
      "--model a=/no/dir: no such file or directory"),
     (["train-router", "--labels", "x", "--out", "y"], "the following arguments are required: --policy"),
     (["train-router", "--policy", "magic", "--labels", "x", "--out", "y"], "invalid choice: 'magic'"),
-    (["train-router", "--policy", "r2r", "--labels", "/no/labels", "--out", "y"], "labels: /no/labels is not a directory"),
-    (["train-router", "--policy", "r2r", "--labels", "x", "--out", "y", "--recall", "1.5"], "--recall: must be in (0, 1]"),
-    (["train-router", "--policy", "r2r", "--labels", "x", "--out", "y", "--heldout", "1"], "--heldout: must be in (0, 1)"),
+    (
+        ["train-router", "--policy", "r2r", "--labels", "/no/labels", "--out", "y"],
+        "labels: /no/labels is not a directory",
+    ),
+    (
+        ["train-router", "--policy", "r2r", "--labels", "x", "--out", "y", "--recall", "1.5"],
+        "--recall: must be in (0, 1]",
+    ),
+    (
+        ["train-router", "--policy", "r2r", "--labels", "x", "--out", "y", "--heldout", "1"],
+        "--heldout: must be in (0, 1)",
+    ),
     (["train-router", "--policy", "r2r", "--labels", "x", "--out", "y", "--recall", "0.9", "--large-share", "0.1"],
      "not allowed with argument"),
 ]
@@ -533,9 +622,11 @@ def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_pat
 
     data = tmp_path / "prompts.jsonl"
     data.write_text(
-        json.dumps({"prompt": "def add(a, b):", "response": "    return a + b"}) + "\n"
-        + json.dumps({"prompt": "The quick brown fox"}) + "\n"
-    )  # fmt: skip
+        json.dumps({"prompt": "def add(a, b):", "response": "    return a + b"})
+        + "\n"
+        + json.dumps({"prompt": "The quick brown fox"})
+        + "\n"
+    )
     with pytest.raises(ConfigError, match=r"prompts.jsonl:2: missing 'response'"):
         read_jsonl(data)
     examples = read_jsonl(data, need_response=False)
@@ -552,8 +643,21 @@ def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_pat
     assert filled[1]["response"] == anyio.run(greedy).text
 
     out = tmp_path / "labels"
-    argv = ["label", *[f"--model={n}={p}" for n, p in tiny_pair.items()], "--data", str(data), "--out", str(out),
-            "--max-tokens-per-example", "12", "--dtype", "float64", "--threads", "1", "--json"]  # fmt: skip
+    argv = [
+        "label",
+        *[f"--model={n}={p}" for n, p in tiny_pair.items()],
+        "--data",
+        str(data),
+        "--out",
+        str(out),
+        "--max-tokens-per-example",
+        "12",
+        "--dtype",
+        "float64",
+        "--threads",
+        "1",
+        "--json",
+    ]
     code, stdout, err = run_cli(argv, capsys)
     assert code == 0, err
     assert "large writes the response of 1 example(s)" in err

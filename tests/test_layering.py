@@ -30,8 +30,11 @@ def private_uses(source: str) -> list[tuple[int, str]]:
                 continue
             found.append((node.lineno, f"{ast.unparse(base)}.{node.attr}"))
         elif isinstance(node, ast.ImportFrom):
-            found += [(node.lineno, f"from {node.module} import {a.name}") for a in node.names
-                      if a.name.startswith("_") and not a.name.startswith("__")]  # fmt: skip
+            found += [
+                (node.lineno, f"from {node.module} import {a.name}")
+                for a in node.names
+                if a.name.startswith("_") and not a.name.startswith("__")
+            ]
     return found
 
 
@@ -54,8 +57,11 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter over the package at `root` (its pyproject.toml's contract)."""
     return subprocess.run(
         [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
-        cwd=root, capture_output=True, text=True, env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
-    )  # fmt: skip
+        cwd=root,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(root), "PATH": "/usr/bin:/bin"},
+    )
 
 
 def test_dependencies_point_one_way():

@@ -14,7 +14,14 @@ import torch
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.model_runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, Escalation
-from tokenrouter.policies.routers import RouterConfig, RouterNet, load_router, model_identity, router_features, save_router
+from tokenrouter.policies.routers import (
+    RouterConfig,
+    RouterNet,
+    load_router,
+    model_identity,
+    router_features,
+    save_router,
+)
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
 
 from .conftest import TINY_PAIR_TAU
@@ -40,9 +47,13 @@ def make_router(kind: str, ref_models, seed: int = 0) -> RouterNet:
     small, large = ref_models["small"], ref_models["large"]
     torch.manual_seed(seed)
     config = RouterConfig(
-        kind=kind, hidden_size=small.config.hidden_size, width=32, threshold=0.5,
-        small=model_identity(small), large=model_identity(large),
-    )  # fmt: skip
+        kind=kind,
+        hidden_size=small.config.hidden_size,
+        width=32,
+        threshold=0.5,
+        small=model_identity(small),
+        large=model_identity(large),
+    )
     net = RouterNet(config).double().eval()
     capture = HiddenCapture(small)
     try:
@@ -88,9 +99,15 @@ def test_learned_policy_equals_reference(kind, tiny_pair, ref_models):
 def trio_models(tmp_path_factory, tokenizer, tiny_pair):
     root = tmp_path_factory.mktemp("trio")
     medium = build_tiny_model(
-        root / "medium", "qwen2", dtype=torch.float64, seed=3, tokenizer=tokenizer, logit_scale=3.0,
-        num_hidden_layers=2, hidden_size=80,
-    )  # fmt: skip
+        root / "medium",
+        "qwen2",
+        dtype=torch.float64,
+        seed=3,
+        tokenizer=tokenizer,
+        logit_scale=3.0,
+        num_hidden_layers=2,
+        hidden_size=80,
+    )
     return {"small": tiny_pair["small"], "medium": medium, "large": tiny_pair["large"]}
 
 
@@ -157,7 +174,9 @@ def test_bad_routers_fail_before_any_request(tmp_path, tiny_pair, ref_models, to
         CITER(good, threshold=1.5)
 
     # Trained for another pair: a model of the same shape with other weights is caught at start.
-    other = build_tiny_model(tmp_path / "other", "qwen2", dtype=torch.float64, seed=42, tokenizer=tokenizer, logit_scale=3.0)
+    other = build_tiny_model(
+        tmp_path / "other", "qwen2", dtype=torch.float64, seed=42, tokenizer=tokenizer, logit_scale=3.0
+    )
     foreign = {"small": other, "large": tiny_pair["large"]}
 
     async def start():

@@ -85,8 +85,11 @@ def test_from_a_plain_script_that_forgets_to_close(tmp_path, tiny_model):
     env = {**os.environ, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     done = subprocess.run(
         [sys.executable, str(script), str(tiny_model), json.dumps(PROMPTS), json.dumps(LENGTHS)],
-        capture_output=True, text=True, env=env, timeout=300,  # a hang guard only: it exits in seconds
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,  # a hang guard only: it exits in seconds
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["prompts"] == PROMPTS  # in order
@@ -187,7 +190,9 @@ def test_bad_input_raises_the_engines_error_and_reaches_no_worker(llm, method, a
 
 
 def _llm_threads() -> set[str]:
-    return {t.name for t in threading.enumerate() if t.name == "tokenrouter-llm" or t.name.startswith("tokenrouter-worker-")}
+    return {
+        t.name for t in threading.enumerate() if t.name == "tokenrouter-llm" or t.name.startswith("tokenrouter-worker-")
+    }
 
 
 def test_bad_arguments_raise_at_construction_and_leave_no_thread(tmp_path, tiny_model):

@@ -34,7 +34,7 @@ def _workload(n: int, seed: int, vocab: int = 380) -> list[tuple[list[int], Samp
 
 
 def _engine(pair, kv_tokens: int) -> Engine:
-    spec = dict(dtype="float64", kv_cache_tokens=kv_tokens, block_size=8, max_num_batched_tokens=256)
+    spec = {"dtype": "float64", "kv_cache_tokens": kv_tokens, "block_size": 8, "max_num_batched_tokens": 256}
     return Engine(models={n: ModelSpec(path=p, **spec) for n, p in pair.items()}, policy=POLICY, num_threads=1)
 
 
@@ -138,5 +138,7 @@ def test_soak_memory_holds_steady(tiny_pair):
     anyio.run(main)
     warm, end = rss[1], rss[-1]
     growth = (end - warm) / warm
-    print(f"RSS after warm-up {warm / 2**20:.1f} MiB, after 10,000 requests {end / 2**20:.1f} MiB ({100 * growth:+.2f}%)")
+    print(
+        f"RSS after warm-up {warm / 2**20:.1f} MiB, after 10,000 requests {end / 2**20:.1f} MiB ({100 * growth:+.2f}%)"
+    )
     assert growth < 0.05, [f"{r / 2**20:.1f}" for r in rss]

@@ -21,7 +21,7 @@ PROMPTS = [[17, 40, 9, 101, 33], [250, 3, 77], [5, 6, 7, 8, 9, 10, 11, 12, 13], 
 
 
 def _specs(paths: dict, **kw) -> dict:
-    base = dict(dtype="float64", kv_cache_tokens=4096, block_size=8)
+    base = {"dtype": "float64", "kv_cache_tokens": 4096, "block_size": 8}
     return {n: ModelSpec(path=p, **{**base, **kw}) for n, p in paths.items()}
 
 
@@ -46,10 +46,17 @@ def _hf_scores(path, prompt, n, **kw) -> tuple[list[int], list[torch.Tensor]]:
     (generation/utils.py, `_sample`), so these are float32 values."""
     with torch.no_grad():
         out = hf_model(path, attention="sdpa").generate(
-            torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long), max_new_tokens=n,
-            min_new_tokens=n, do_sample=False, eos_token_id=None, pad_token_id=0, output_scores=True,
-            return_dict_in_generate=True, **kw,
-        )  # fmt: skip
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=n,
+            min_new_tokens=n,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_scores=True,
+            return_dict_in_generate=True,
+            **kw,
+        )
     assert out.scores[0].dtype == torch.float32
     return out.sequences[0, len(prompt) :].tolist(), [torch.log_softmax(s[0].double(), dim=-1) for s in out.scores]
 
@@ -82,8 +89,10 @@ def test_greedy_logprobs_equal_hugging_face_scores(tiny_models):
     computed in float64."""
     for arch in ("qwen2", "llama"):
         path = tiny_models[arch]
-        cases = [(p, dict(logprobs=5)) for p in PROMPTS] + [(p, dict(logprobs=5, repetition_penalty=1.7)) for p in PROMPTS]
-        cases += [(PROMPTS[0], dict(logprobs=0)), (PROMPTS[1], {})]
+        cases = [(p, {"logprobs": 5}) for p in PROMPTS] + [
+            (p, {"logprobs": 5, "repetition_penalty": 1.7}) for p in PROMPTS
+        ]
+        cases += [(PROMPTS[0], {"logprobs": 0}), (PROMPTS[1], {})]
         params = [SamplingParams(temperature=0, max_tokens=16, ignore_eos=True, **kw) for _, kw in cases]
         outs = _serve(_specs({"m": path}), [p for p, _ in cases], params)
         for (prompt, kw), out in zip(cases, outs):
@@ -91,7 +100,9 @@ def test_greedy_logprobs_equal_hugging_face_scores(tiny_models):
                 assert out.logprobs is None and out.prompt_logprobs is None
                 continue
             penalty = kw.get("repetition_penalty")
-            tokens, scores = _hf_scores(path, prompt, 16, **({} if penalty is None else {"repetition_penalty": penalty}))
+            tokens, scores = _hf_scores(
+                path, prompt, 16, **({} if penalty is None else {"repetition_penalty": penalty})
+            )
             assert out.token_ids == tokens
             assert len(out.logprobs) == len(tokens)
             exact = _scores64(path, prompt + tokens, len(prompt), penalty)
@@ -225,7 +236,7 @@ def test_requests_that_ask_nothing_keep_only_the_logits_they_sample(tiny_model):
             await generate_all(e, [prompt, prompt[:5]], params)
         return steps
 
-    base = dict(temperature=0, max_tokens=4, ignore_eos=True)
+    base = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
     for params in (SamplingParams(**base), SamplingParams(**base, logprobs=5)):
         steps = anyio.run(kept_rows, params)
         assert all(sampled == kept for sampled, kept in steps), steps

@@ -88,8 +88,15 @@ def workload(tiny_pair):
     outs, stop_at, stopped, first, failed, snapshot, exposition, stats = anyio.run(main)
     assert stopped.finish_reason == "stop" and stopped.token_ids[-1] == stop_at
     assert failed.finish_reason == "error" and "policy bug" in failed.error
-    return dict(outs=outs, stopped=stopped, first=first, failed=failed, snapshot=snapshot,
-                exposition=exposition, stats=stats)  # fmt: skip
+    return {
+        "outs": outs,
+        "stopped": stopped,
+        "first": first,
+        "failed": failed,
+        "snapshot": snapshot,
+        "exposition": exposition,
+        "stats": stats,
+    }
 
 
 def test_values_after_a_known_workload(workload):
@@ -131,8 +138,10 @@ def test_prometheus_exposition_has_the_documented_names_and_the_snapshots_values
     for model, n in snap.tokens_generated.items():
         assert value("tokenrouter_generated_tokens_total", model=model) == n
     assert value("tokenrouter_handoffs_total") == snap.handoffs
-    for name, h in [("tokenrouter_time_to_first_token_seconds", snap.time_to_first_token),
-                    ("tokenrouter_request_latency_seconds", snap.latency)]:  # fmt: skip
+    for name, h in [
+        ("tokenrouter_time_to_first_token_seconds", snap.time_to_first_token),
+        ("tokenrouter_request_latency_seconds", snap.latency),
+    ]:
         buckets = {float(dict(labels)["le"]): v for (n, labels), v in got.items() if n == name + "_bucket"}
         assert buckets == dict(zip(h.bounds, h.cumulative()))
         assert value(name + "_count") == h.count and value(name + "_sum") == pytest.approx(h.sum)
@@ -151,10 +160,11 @@ def test_prometheus_exposition_has_the_documented_names_and_the_snapshots_values
     assert len(documented) == 8
     exposed = {
         family.name + ("_total" if family.type == "counter" else ""): (
-            family.type, {k for sample in family.samples for k in sample.labels} - {"le"}
+            family.type,
+            {k for sample in family.samples for k in sample.labels} - {"le"},
         )
         for family in text_string_to_metric_families(text)
-    }  # fmt: skip
+    }
     assert exposed == documented
 
 
@@ -178,7 +188,9 @@ def test_gauges_while_a_worker_is_frozen_mid_request(tiny_pair, tiny_model):
                 gate.open()
             await wait_all_free(engine)
             m = engine.metrics()
-            assert m.requests["length"] == 3 and m.tokens_generated == {"m": 180} and m.models["m"].kv_blocks_in_use == 0
+            assert (
+                m.requests["length"] == 3 and m.tokens_generated == {"m": 180} and m.models["m"].kv_blocks_in_use == 0
+            )
 
         # Two models: while "large" writes, "small" keeps the request parked (pending, KV kept).
         async with Engine(models=_specs(tiny_pair), policy=EveryK(3), num_threads=1) as engine:

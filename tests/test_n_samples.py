@@ -25,7 +25,9 @@ def test_four_samples_use_the_prompts_blocks_once(tiny_model):
 
     async def main():
         async with Engine(models={"m": ModelSpec(path=tiny_model, block_size=BLOCK)}) as e:
-            out = await e.generate(prompt, SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True))
+            out = await e.generate(
+                prompt, SamplingParams(n=4, temperature=1.0, seed=11, max_tokens=12, ignore_eos=True)
+            )
             await wait_all_free(e)
             return out, e.stats()["m"]
 

@@ -138,8 +138,11 @@ def test_greedy_with_penalties_equals_hugging_face(tiny_models):
     for arch in ("qwen2", "llama"):
         path = tiny_models[arch]
         kinds = [
-            dict(repetition_penalty=1.8), dict(repetition_penalty=0.7), dict(presence_penalty=1.2, frequency_penalty=0.9), {},
-        ]  # fmt: skip
+            {"repetition_penalty": 1.8},
+            {"repetition_penalty": 0.7},
+            {"presence_penalty": 1.2, "frequency_penalty": 0.9},
+            {},
+        ]
         cases = []
         for prompt in PROMPTS:
             for kw in kinds:
@@ -207,7 +210,14 @@ def test_penalties_hold_across_hand_offs(tiny_pair, tokenizer):
     written = {m for o in outs for m in o.token_models}
     assert written == {"small", "large"}
     # and the penalties mattered: without them the reference writes something else
-    plain = [reference_generate(policy, models, p, sp.model_copy(update={
-        "repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0})).token_ids
-        for p, sp in zip(work, params) if sp.penalized]  # fmt: skip
+    plain = [
+        reference_generate(
+            policy,
+            models,
+            p,
+            sp.model_copy(update={"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}),
+        ).token_ids
+        for p, sp in zip(work, params)
+        if sp.penalized
+    ]
     assert plain != [o.token_ids for o, sp in zip(outs, params) if sp.penalized]

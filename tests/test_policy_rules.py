@@ -23,10 +23,16 @@ from tokenrouter.policies.routers import ModelIdentity, RouterConfig, RouterNet,
 def step(model: str, index: int, entropy=None, n: int | None = None, **kw) -> StepResult:
     n = n if n is not None else len(entropy)
     return StepResult(
-        model=model, model_index=index, request_ids=[f"r{i}" for i in range(n)], tokens=torch.zeros(n, dtype=torch.long),
-        logits=torch.zeros(n, 8), num_generated=torch.zeros(n, dtype=torch.long), states=[{} for _ in range(n)],
-        entropy=None if entropy is None else torch.tensor(entropy, dtype=torch.float64), **kw,
-    )  # fmt: skip
+        model=model,
+        model_index=index,
+        request_ids=[f"r{i}" for i in range(n)],
+        tokens=torch.zeros(n, dtype=torch.long),
+        logits=torch.zeros(n, 8),
+        num_generated=torch.zeros(n, dtype=torch.long),
+        states=[{} for _ in range(n)],
+        entropy=None if entropy is None else torch.tensor(entropy, dtype=torch.float64),
+        **kw,
+    )
 
 
 def decision(route: Route) -> tuple[list[bool], list[int]]:

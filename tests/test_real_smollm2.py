@@ -73,7 +73,7 @@ def _divergence(model, prompt_ids: list[int], hf: list[int], ours: list[int]) ->
         logits = model(torch.tensor([prompt_ids + hf[:i]])).logits[0, -1].double()
     top = logits.topk(2)
     return (
-        f"first difference at output position {i}: HF {hf[i:i + 1]} vs engine {ours[i:i + 1]}; "
+        f"first difference at output position {i}: HF {hf[i : i + 1]} vs engine {ours[i : i + 1]}; "
         f"HF top-2 there {top.indices.tolist()} with logits {top.values.tolist()} "
         f"(margin {float(top.values[0] - top.values[1]):.3g}); engine's token logit "
         f"{float(logits[ours[i]]) if i < len(ours) else None}"

@@ -27,7 +27,7 @@ def ref_models(pair):
 
 
 def _specs(pair, **kw):
-    base = dict(dtype="float64", kv_cache_tokens=4096, block_size=8, max_num_batched_tokens=128)
+    base = {"dtype": "float64", "kv_cache_tokens": 4096, "block_size": 8, "max_num_batched_tokens": 128}
     base.update(kw)
     return {name: ModelSpec(path=path, **base) for name, path in pair.items()}
 
@@ -35,11 +35,11 @@ def _specs(pair, **kw):
 def _workload(seed, n, vocab):
     rng = random.Random(seed)
     return [
-        dict(
-            prompt=[rng.randrange(3, vocab) for _ in range(rng.choice([2, 5, 11, 23, 47]))],
-            max_tokens=rng.randint(4, 40),
-            delay=rng.uniform(0, 0.03),
-        )
+        {
+            "prompt": [rng.randrange(3, vocab) for _ in range(rng.choice([2, 5, 11, 23, 47]))],
+            "max_tokens": rng.randint(4, 40),
+            "delay": rng.uniform(0, 0.03),
+        }
         for _ in range(n)
     ]
 
@@ -49,6 +49,7 @@ def _run(policy, specs, reqs, **engine_kw):
 
     async def main():
         async with Engine(models=specs, policy=policy, **engine_kw) as engine:
+
             async def one(i, r):
                 await anyio.sleep(r["delay"])
                 params = SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True)
@@ -72,7 +73,9 @@ def test_rstitch_equals_reference(pair, ref_models, tokenizer, concurrency):
     outs = _run(policy, _specs(pair), reqs)
     handoffs = 0
     for i, r in enumerate(reqs):
-        ref = reference_generate(policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        ref = reference_generate(
+            policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True)
+        )
         out = outs[i]
         assert out.token_ids == ref.token_ids, f"request {i}: tokens differ {out.finish_reason} {out.error}"
         assert out.token_models == ref.token_models, f"request {i}: attribution differs"
@@ -92,7 +95,9 @@ def test_custom_policy_equals_reference(pair, ref_models, tokenizer):
     reqs = _workload(5, 12, len(tokenizer))
     outs = _run(policy, _specs(pair), reqs)
     for i, r in enumerate(reqs):
-        ref = reference_generate(policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        ref = reference_generate(
+            policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True)
+        )
         assert outs[i].token_ids == ref.token_ids
         assert outs[i].token_models == ref.token_models
         assert outs[i].token_models[:3] == ["small"] * min(3, r["max_tokens"])
@@ -108,7 +113,9 @@ def test_eviction_of_pending_requests_keeps_outputs(pair, ref_models, tokenizer)
     stats = outs["stats"]
     assert stats["small"].evictions + stats["large"].evictions > 0
     for i, r in enumerate(reqs):
-        ref = reference_generate(policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        ref = reference_generate(
+            policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True)
+        )
         assert outs[i].token_ids == ref.token_ids
         assert outs[i].token_models == ref.token_models
         for model, n in outs[i].tokens_processed.items():
@@ -122,7 +129,9 @@ def test_abort_while_pending_and_while_streaming_frees_everything(pair, tokenize
     prompts = [[rng.randrange(3, len(tokenizer)) for _ in range(9)] for _ in range(12)]
 
     async def main():
-        async with Engine(models=_specs(pair), policy=policy, delayed_batching={"large": 64}, batch_wait_s=0.3) as engine:
+        async with Engine(
+            models=_specs(pair), policy=policy, delayed_batching={"large": 64}, batch_wait_s=0.3
+        ) as engine:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             results = {}
 
@@ -186,7 +195,9 @@ def test_mismatched_tokenizers_are_rejected(pair, tmp_path):
     other = build_tiny_model(tmp_path / "other", "qwen2", tokenizer=build_tokenizer(vocab_size=300))
 
     async def main():
-        async with Engine(models={"small": pair["small"], "large": other}, policy=RStitch(small="small", large="large")):
+        async with Engine(
+            models={"small": pair["small"], "large": other}, policy=RStitch(small="small", large="large")
+        ):
             pass
 
     with pytest.raises(ConfigError, match="different tokenizers") as e:
@@ -202,7 +213,9 @@ def test_baseline_modes_give_the_same_tokens(pair, ref_models, tokenizer, mode, 
     outs = _run(policy, _specs(pair, enable_prefix_caching=prefix_caching), reqs, mode=mode)
     reprefilled = 0
     for i, r in enumerate(reqs):
-        ref = reference_generate(policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True))
+        ref = reference_generate(
+            policy, ref_models, r["prompt"], SamplingParams(temperature=0, max_tokens=r["max_tokens"], ignore_eos=True)
+        )
         assert outs[i].token_ids == ref.token_ids
         assert outs[i].token_models == ref.token_models
         fed = sum(outs[i].tokens_processed.values())

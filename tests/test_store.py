@@ -66,8 +66,12 @@ def _leftovers(home: Path) -> list[str]:
 def test_natural_key_orders_digit_runs_by_value():
     names = ["p10/part10.bin", "p2/part1.bin", "p1/part2.bin", "p1/part10.bin", "p1/part01.bin"]
     assert sorted(names, key=store.natural_key) == [
-        "p1/part01.bin", "p1/part2.bin", "p1/part10.bin", "p2/part1.bin", "p10/part10.bin",
-    ]  # fmt: skip
+        "p1/part01.bin",
+        "p1/part2.bin",
+        "p1/part10.bin",
+        "p2/part1.bin",
+        "p10/part10.bin",
+    ]
 
 
 def test_assemble_concatenates_parts_in_natural_order(tmp_path):

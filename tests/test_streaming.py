@@ -40,7 +40,9 @@ def test_stream_concatenation_equals_final_text(tiny_model, tokenizer):
             assert {d.model for d in deltas if d.token_ids} == {"m"}
             assert final.time_to_first_token is not None and 0 < final.time_to_first_token <= final.latency
             # Chat messages are rendered with the model's chat template.
-            rendered = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=True, return_dict=False)
+            rendered = tokenizer.apply_chat_template(
+                prompt, add_generation_prompt=True, tokenize=True, return_dict=False
+            )
             assert final.prompt_token_ids == list(rendered)
 
     anyio.run(main)
@@ -139,7 +141,9 @@ def test_trio_backend(tiny_model):
     async def main():
         async with Engine(models={"m": _spec(tiny_model)}) as engine:
             out = await engine.generate([4, 5, 6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
-            deltas = [d async for d in engine.stream([4, 5, 6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))]
+            deltas = [
+                d async for d in engine.stream([4, 5, 6], SamplingParams(temperature=0, max_tokens=8, ignore_eos=True))
+            ]
             assert [t for d in deltas for t in d.token_ids] == out.token_ids
 
     anyio.run(main, backend="trio")

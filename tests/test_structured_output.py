@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Literal, Optional
+from typing import Annotated, Literal
 
 import anyio
 import pytest
@@ -37,7 +37,7 @@ class Pet(BaseModel):  # nested objects and an enum
 class Tags(BaseModel):  # arrays of enums and of bounded integers, an optional field
     tags: list[Literal["red", "green", "blue"]] = Field(max_length=4)
     scores: list[Annotated[int, Field(ge=0, le=9)]] = Field(min_length=1, max_length=3)
-    note: Optional[Literal["ok", "late"]] = None
+    note: Literal["ok", "late"] | None = None
 
 
 POINTS_SCHEMA = {  # a JSON Schema dict: an array of objects, a nullable enum
@@ -67,7 +67,7 @@ class Point(BaseModel):
 class Points(BaseModel):
     model_config = {"extra": "forbid"}
     points: list[Point] = Field(max_length=3)
-    label: Optional[Literal["up", "down"]]
+    label: Literal["up", "down"] | None
 
 
 REGEX = r"(yes|no)-[0-9]{2,4}(\.[a-f]{1,3})?"
@@ -80,7 +80,9 @@ def _specs(pair, **kw):
 
 
 def _sampled(fmt, n=SAMPLES, max_tokens=200):
-    return [SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=max_tokens, response_format=fmt) for i in range(n)]
+    return [
+        SamplingParams(temperature=1.0, seed=1000 + i, max_tokens=max_tokens, response_format=fmt) for i in range(n)
+    ]
 
 
 def _serve(specs, policy, prompts, params):

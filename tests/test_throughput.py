@@ -13,7 +13,6 @@ import pytest
 
 from tokenrouter import AutoBatchingOptions, ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.autobatch import latency_profile
-from tokenrouter.policies import RStitch
 from tokenrouter.autobatch.throughput_model import (
     LatencyModel,
     RoutingStats,
@@ -26,6 +25,7 @@ from tokenrouter.autobatch.throughput_model import (
     stationary,
     transition_matrix,
 )
+from tokenrouter.policies import RStitch
 
 from .conftest import TINY_PAIR_TAU
 from .helpers import wait_all_free
@@ -188,8 +188,12 @@ def test_table_latency_reads_the_profile():
     by_hand = sum(pmf[x] * float(t.at(3 + 4 * x)) for x in range(4))
     assert t.expected(3, 0.4, 5.0) == pytest.approx(by_hand)
     np.testing.assert_allclose(t.expected(np.array([3, 3, 1]), 0.4, 5.0), [by_hand, by_hand, t.expected(1, 0.4, 5.0)])
-    for bad in [dict(tokens=(), seconds=()), dict(tokens=(2, 1), seconds=(1, 1)), dict(tokens=(1,), seconds=(0.0,)),
-                dict(tokens=(1,), seconds=(1.0,), scale=0.0)]:  # fmt: skip
+    for bad in [
+        {"tokens": (), "seconds": ()},
+        {"tokens": (2, 1), "seconds": (1, 1)},
+        {"tokens": (1,), "seconds": (0.0,)},
+        {"tokens": (1,), "seconds": (1.0,), "scale": 0.0},
+    ]:
         with pytest.raises(ValueError, match="TableLatency"):
             TableLatency(**bad)
 
@@ -270,7 +274,7 @@ def test_b_is_capped_by_concurrency_and_batch_size():
 def test_one_model_and_more_than_two_models():
     one = choose_b({"m": SMALL}, {"m": RoutingStats(0.0)}, 4)
     assert one.batch_min == {"m": 1} and math.isclose(one.tokens_per_s, 4 / SMALL(4))
-    three = {m: SMALL for m in "abc"}
+    three = dict.fromkeys("abc", SMALL)
     many = choose_b(three, {m: RoutingStats(0.2) for m in "abc"}, 8)
     assert many.batch_min == {"a": 1, "b": 1, "c": 1}
     assert many.tokens_per_s is None and "B = 1" in many.note
@@ -319,7 +323,7 @@ def test_bad_model_inputs_are_rejected():
 
 # ---- the engine --------------------------------------------------------------------------
 def _specs(pair, **kw):
-    base = dict(dtype="float64", kv_cache_tokens=4096, block_size=8, max_num_batched_tokens=128)
+    base = {"dtype": "float64", "kv_cache_tokens": 4096, "block_size": 8, "max_num_batched_tokens": 128}
     base.update(kw)
     return {name: ModelSpec(path=path, **base) for name, path in pair.items()}
 
@@ -383,7 +387,12 @@ def test_profile_samples_round_robin_over_its_points(tiny_pair):
         core.runner.forward = recording
         try:
             prof = latency_profile.measure(
-                core, batch_sizes=(1, 2, 4), catch_up_tokens=(0, 8), repeats=3, check_batch_sizes=(2,), check_tokens=(3,)
+                core,
+                batch_sizes=(1, 2, 4),
+                catch_up_tokens=(0, 8),
+                repeats=3,
+                check_batch_sizes=(2,),
+                check_tokens=(3,),
             )
         finally:
             core.runner.forward = forward
@@ -418,8 +427,13 @@ def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch
     async def run(delayed_batching):
         outs = {}
         async with Engine(
-            models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching=delayed_batching,
-            auto_batching=AutoBatchingOptions(interval_s=0.05, shared_device=1.0),  # B may leave 1 when the model says so
+            models=_specs(tiny_pair),
+            policy=policy,
+            num_threads=1,
+            delayed_batching=delayed_batching,
+            auto_batching=AutoBatchingOptions(
+                interval_s=0.05, shared_device=1.0
+            ),  # B may leave 1 when the model says so
         ) as engine:
             if delayed_batching == "auto":
                 assert engine.throughput_prediction().tokens_per_s is None  # nothing observed yet

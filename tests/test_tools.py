@@ -24,14 +24,33 @@ ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((Path(__file__).parent / "data" / "qwen25_tool_calls.json").read_text())
 
 TOOLS = [
-    {"type": "function", "function": {"name": "add", "description": "Add two integers.", "parameters": {
-        "type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 99},
-                                         "b": {"type": "integer", "minimum": 0, "maximum": 99}},
-        "required": ["a", "b"]}}},
-    {"type": "function", "function": {"name": "weather", "parameters": {
-        "type": "object", "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
-        "required": ["unit"]}}},
-]  # fmt: skip
+    {
+        "type": "function",
+        "function": {
+            "name": "add",
+            "description": "Add two integers.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "a": {"type": "integer", "minimum": 0, "maximum": 99},
+                    "b": {"type": "integer", "minimum": 0, "maximum": 99},
+                },
+                "required": ["a", "b"],
+            },
+        },
+    },
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"unit": {"enum": ["c", "f"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                "required": ["unit"],
+            },
+        },
+    },
+]
 
 
 class AddArgs(BaseModel):
@@ -58,7 +77,7 @@ def tool_pair(tmp_path_factory, tokenizer):
     from tokenrouter.testing import build_tiny_model
 
     root = tmp_path_factory.mktemp("tool-pair")
-    common = dict(dtype=torch.float64, tokenizer=tokenizer, logit_scale=3.0, max_position_embeddings=4096)
+    common = {"dtype": torch.float64, "tokenizer": tokenizer, "logit_scale": 3.0, "max_position_embeddings": 4096}
     return {
         "small": build_tiny_model(root / "small", "qwen2", seed=1, **common),
         "large": build_tiny_model(root / "large", "qwen2", seed=2, num_hidden_layers=3, hidden_size=96, **common),
@@ -88,10 +107,15 @@ def test_the_parser_reads_recorded_qwen_answers(rec):
 
 def test_the_parser_on_edge_cases():
     p = HermesToolCallParser(["add"])
-    text = 'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n' \
-           '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'  # fmt: skip
+    text = (
+        'Let me add.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>\n'
+        '<tool_call>{"name": "add", "arguments": "{\\"a\\": 3, \\"b\\": 4}"}</tool_call>'
+    )
     content, calls = p.parse(text)
-    assert content == "Let me add." and [(c.name, c.arguments) for c in calls] == [("add", {"a": 1, "b": 2}), ("add", {"a": 3, "b": 4})]
+    assert content == "Let me add." and [(c.name, c.arguments) for c in calls] == [
+        ("add", {"a": 1, "b": 2}),
+        ("add", {"a": 3, "b": 4}),
+    ]
     assert len({c.id for c in calls}) == 2
     broken = 'x <tool_call>{"name": "add", "arguments": {"a": </tool_call> y'
     assert p.parse(broken) == (broken.strip(), [])  # an unreadable block stays in the text
@@ -112,7 +136,9 @@ def test_tools_are_rendered_by_the_chat_template(tokenizer):
     messages = [{"role": "user", "content": "add 2 and 3"}]
     tools = normalize_tools(TOOLS)
     ids = chat_ids(tokenizer, messages, tools)
-    assert ids == tokenizer.apply_chat_template(messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False)
+    assert ids == tokenizer.apply_chat_template(
+        messages, tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+    )
     text = tokenizer.decode(ids)
     assert '"name": "add"' in text and "<tool_call>" in text
     # a bare function dict means the same tool
@@ -162,8 +188,12 @@ def test_tools_need_chat_messages_and_a_template_that_renders_them(tool_pair):
                 await e.generate("plain text", tools=TOOLS)
             assert info.value.field == "tools"
             with pytest.raises(InvalidRequestError) as info:
-                await e.chat([{"role": "user", "content": "x"}], tools=TOOLS, tool_choice="required",
-                             params=SamplingParams(response_format={"type": "json_object"}))  # fmt: skip
+                await e.chat(
+                    [{"role": "user", "content": "x"}],
+                    tools=TOOLS,
+                    tool_choice="required",
+                    params=SamplingParams(response_format={"type": "json_object"}),
+                )
             assert info.value.field == "tool_choice", str(info.value)
             assert e.stats()["m"].steps == 0
 
@@ -215,8 +245,12 @@ def test_a_named_choice_calls_that_tool(tool_pair):
 def test_auto_and_none_are_not_constrained(tool_pair):
     params = [SamplingParams(temperature=1.0, seed=5, max_tokens=16)]
     free = _serve(tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Hi"}], params)[0]
-    auto = _serve(tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Hi"}], params, tool_choice="auto")[0]
-    none = _serve(tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Hi"}], params, tool_choice="none")[0]
+    auto = _serve(
+        tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Hi"}], params, tool_choice="auto"
+    )[0]
+    none = _serve(
+        tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Hi"}], params, tool_choice="none"
+    )[0]
     assert auto.token_ids == free.token_ids == none.token_ids  # the tools are rendered either way, nothing masked
     assert none.content is None and none.tool_calls == []
     assert auto.content is not None
@@ -240,8 +274,9 @@ def test_the_agent_loop_example_runs_on_the_tiny_pair(tool_pair):
         async with Engine(models=specs, policy=RStitch(tau=TINY_PAIR_TAU)) as e:
             params = SamplingParams(temperature=1.0, seed=3, max_tokens=96)
             choice = {"type": "function", "function": {"name": "list_files"}}  # no arguments: the random model ends it
-            conv = await agent_loop.run_agent(e, "List the files.", scratch, tool_choice=choice, max_turns=3,
-                                              params=params, show=show)  # fmt: skip
+            conv = await agent_loop.run_agent(
+                e, "List the files.", scratch, tool_choice=choice, max_turns=3, params=params, show=show
+            )
             await wait_all_free(e)
             return conv
 
@@ -282,9 +317,11 @@ def test_tool_calls_on_the_demo_pair():
             ask = [{"role": "user", "content": "What's the weather like in Paris, in celsius?"}]
             free = await e.chat(ask, SamplingParams(temperature=0, max_tokens=80), tools=tools)
             forced = await e.chat(
-                [{"role": "user", "content": "I need 17 plus 25."}], SamplingParams(temperature=0, max_tokens=80),
-                tools=tools, tool_choice={"type": "function", "function": {"name": "add"}},
-            )  # fmt: skip
+                [{"role": "user", "content": "I need 17 plus 25."}],
+                SamplingParams(temperature=0, max_tokens=80),
+                tools=tools,
+                tool_choice={"type": "function", "function": {"name": "add"}},
+            )
             await wait_all_free(e)
             return free, forced
 

@@ -149,9 +149,10 @@ class CachedBlocksWatch:
     def changed(self) -> list[int]:
         keys = self.core.blocks.block_keys
         return [
-            b for (b, key), snap in self.seen.items()
+            b
+            for (b, key), snap in self.seen.items()
             if keys[b] == key and any(not torch.equal(a, c) for a, c in zip(snap, self._kv(b)))
-        ]  # fmt: skip
+        ]
 
 
 def test_rollback_never_changes_a_cached_block_and_shared_prefixes_stay_correct(tiny_pair, tokenizer):
@@ -160,7 +161,10 @@ def test_rollback_never_changes_a_cached_block_and_shared_prefixes_stay_correct(
     the large model's, and no cached block's KV was ever written in place."""
     rng = random.Random(5)
     shared = [rng.randrange(3, len(tokenizer)) for _ in range(13)]
-    first = [(shared + [rng.randrange(3, len(tokenizer)) for _ in range(rng.randint(0, 6))], rng.randint(8, 24)) for _ in range(8)]
+    first = [
+        (shared + [rng.randrange(3, len(tokenizer)) for _ in range(rng.randint(0, 6))], rng.randint(8, 24))
+        for _ in range(8)
+    ]
     second = [(p + [rng.randrange(3, len(tokenizer))], n) for p, n in first[:4]] + first[4:]
     specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=8192, block_size=4) for n, p in tiny_pair.items()}
 
@@ -219,7 +223,9 @@ def _chi_square_p(observed: dict, expected: dict, n: int) -> float:
     cells.append((pooled_o + outside, pooled_e))
     stat = sum((o - e) ** 2 / e for o, e in cells if e > 0) + (1e9 if outside else 0)
     df = len(cells) - 1
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 @pytest.mark.parametrize("k", [1, 3])
@@ -233,6 +239,7 @@ def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
     async def main():
         counts: dict = {}
         async with Engine(models=_specs(tiny_pair, max_num_seqs=64), policy=Speculative(k=k)) as e:
+
             async def one(seed):
                 out = await e.generate(prompt, params.model_copy(update={"seed": seed}))
                 key = tuple(out.token_ids)
@@ -291,10 +298,15 @@ def _stop_strings(large) -> list[tuple]:
                 text = (await e.generate(prompt, params)).text
                 start = len((await e.generate(prompt, params.model_copy(update={"max_tokens": 3}))).text)
                 piece = next(
-                    (text[i : i + 2] for i in range(start, len(text) - 1)
-                     if "\ufffd" not in text[i : i + 2] and text[i : i + 2].strip() and text.find(text[i : i + 2]) == i),
+                    (
+                        text[i : i + 2]
+                        for i in range(start, len(text) - 1)
+                        if "\ufffd" not in text[i : i + 2]
+                        and text[i : i + 2].strip()
+                        and text.find(text[i : i + 2]) == i
+                    ),
                     None,
-                )  # fmt: skip
+                )
                 if piece is not None:
                     out = await e.generate(prompt, params.model_copy(update={"stop": [piece]}))
                     assert out.finish_reason == "stop" and out.text == text[: text.index(piece)]
@@ -317,13 +329,15 @@ def test_greedy_speculative_stops_where_the_large_model_does(drafting_pair, toke
         for at in (3, 6, 9, 14):
             stop_id = base[at]
             cut = base[: base.index(stop_id) + 1]
-            cases.append(("plain", prompt, dict(max_tokens=24, ignore_eos=True, stop_token_ids=[stop_id]), cut, "stop"))
-            cases.append(("plain", prompt, dict(max_tokens=at + 1, ignore_eos=True), base[: at + 1], "length"))
+            cases.append(
+                ("plain", prompt, {"max_tokens": 24, "ignore_eos": True, "stop_token_ids": [stop_id]}, cut, "stop")
+            )
+            cases.append(("plain", prompt, {"max_tokens": at + 1, "ignore_eos": True}, base[: at + 1], "length"))
     eos = bases[0][7]
     eos_pair = _with_eos(drafting_pair, eos, tmp_path)
     for prompt in STOP_PROMPTS:
         ref = hf_greedy(eos_pair["large"], prompt, 24, eos=eos)  # independent: HF stops at EOS itself
-        cases.append(("eos", prompt, dict(max_tokens=24), ref, "stop" if eos in ref else "length"))
+        cases.append(("eos", prompt, {"max_tokens": 24}, ref, "stop" if eos in ref else "length"))
     assert sum(c[0] == "eos" and c[4] == "stop" for c in cases) >= 1
     stop_cases = _stop_strings(drafting_pair["large"])
 
@@ -397,7 +411,9 @@ def test_speculative_under_delayed_batching(drafting_pair, tokenizer, engine_kw,
     work = _workload(tokenizer, n=16, seed=13)
     pool = 240 if "batch_wait_s" in engine_kw else 4096
 
-    specs = {n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=pool, block_size=8) for n, p in drafting_pair.items()}
+    specs = {
+        n: ModelSpec(path=p, dtype="float64", kv_cache_tokens=pool, block_size=8) for n, p in drafting_pair.items()
+    }
     outs, stats = _serve(specs, Speculative(k=3), work, **engine_kw)
     for (prompt, n), out in zip(work, outs):
         assert out.token_ids == hf_greedy(drafting_pair["large"], prompt, n), (prompt, n)
@@ -460,10 +476,19 @@ def test_auto_learns_the_acceptance_rate_per_judged_draft():
         for j in range(4):
             logits[0, j, int(drafts[0, j]) if j < accepted else 0] = 1.0  # the target's argmax
         result = VerifyResult(
-            model="large", model_index=1, request_ids=["r"], sources=["small"], start=torch.tensor([3]),
-            num_drafts=torch.tensor([4]), drafts=drafts, logits=logits, num_generated=torch.tensor([0]),
-            states=[{}], params=[SamplingParams(temperature=0)], seeds=[0],
-        )  # fmt: skip
+            model="large",
+            model_index=1,
+            request_ids=["r"],
+            sources=["small"],
+            start=torch.tensor([3]),
+            num_drafts=torch.tensor([4]),
+            drafts=drafts,
+            logits=logits,
+            num_generated=torch.tensor([0]),
+            states=[{}],
+            params=[SamplingParams(temperature=0)],
+            seeds=[0],
+        )
         assert int(spec.verify(result).accept[0]) == accepted
 
     for _ in range(200):
@@ -482,15 +507,22 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
 
     def target_step(policy, rows):
         result = StepResult(
-            model="large", model_index=1, request_ids=[str(i) for i in range(rows)], tokens=torch.zeros(rows, dtype=torch.long),
-            logits=torch.zeros(rows, 8), num_generated=torch.ones(rows, dtype=torch.long), states=[{} for _ in range(rows)],
-        )  # fmt: skip
+            model="large",
+            model_index=1,
+            request_ids=[str(i) for i in range(rows)],
+            tokens=torch.zeros(rows, dtype=torch.long),
+            logits=torch.zeros(rows, 8),
+            num_generated=torch.ones(rows, dtype=torch.long),
+            states=[{} for _ in range(rows)],
+        )
         route = policy.route(result)
         return [s["k"] for s in result.states], route.next_model.tolist()
 
     in_flight = {"n": 16}
     spec = Speculative(k="auto")
-    spec.auto.use_profiles(lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16))  # memory-bound up to 16 tokens
+    spec.auto.use_profiles(
+        lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16)
+    )  # memory-bound up to 16 tokens
     spec.use_in_flight(lambda: in_flight["n"])
     ks, next_model = target_step(spec, 2)
     assert ks == [0, 0] and next_model == [1, 1]  # 16 in flight: the target writes on alone
@@ -507,10 +539,17 @@ def test_the_drafter_hands_its_whole_step_to_the_target_once_a_row_is_due():
     def draft_step(tentative):
         rows = len(tentative)
         result = StepResult(
-            model="small", model_index=0, request_ids=[str(i) for i in range(rows)], tokens=torch.zeros(rows, dtype=torch.long),
-            logits=torch.zeros(rows, 8), num_generated=torch.ones(rows, dtype=torch.long), states=[{} for _ in range(rows)],
-            params=[SamplingParams(temperature=0)] * rows, seeds=[0] * rows, tentative=torch.tensor(tentative),
-        )  # fmt: skip
+            model="small",
+            model_index=0,
+            request_ids=[str(i) for i in range(rows)],
+            tokens=torch.zeros(rows, dtype=torch.long),
+            logits=torch.zeros(rows, 8),
+            num_generated=torch.ones(rows, dtype=torch.long),
+            states=[{} for _ in range(rows)],
+            params=[SamplingParams(temperature=0)] * rows,
+            seeds=[0] * rows,
+            tentative=torch.tensor(tentative),
+        )
         return Speculative(k=3).route(result).next_model.tolist()
 
     assert draft_step([1, 2, 2]) == [0, 0, 0]
@@ -523,7 +562,9 @@ def test_auto_starts_a_request_on_the_target_when_it_plans_no_drafts():
     load where the verifier is compute-bound the target takes the prompt in itself. Asking has
     no side effect: the acceptance estimate does not drift."""
     spec = Speculative(k="auto")
-    spec.auto.use_profiles(lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16))  # memory-bound up to 16 tokens
+    spec.auto.use_profiles(
+        lambda b: 0.08 * (1 + b / 64), lambda n: 0.29 * max(1.0, n / 16)
+    )  # memory-bound up to 16 tokens
     in_flight = {"n": 1}
     spec.use_in_flight(lambda: in_flight["n"])
     assert spec.start_model() == "small"
@@ -568,9 +609,9 @@ def test_a_policy_bound_to_an_engine_still_travels_to_an_actor():
 
 
 PENALTY_KINDS = [
-    dict(repetition_penalty=1.5),
-    dict(presence_penalty=0.6, frequency_penalty=0.4),
-    dict(repetition_penalty=1.3, presence_penalty=-0.5, frequency_penalty=0.7),
+    {"repetition_penalty": 1.5},
+    {"presence_penalty": 0.6, "frequency_penalty": 0.4},
+    {"repetition_penalty": 1.3, "presence_penalty": -0.5, "frequency_penalty": 0.7},
 ]
 
 
@@ -599,7 +640,9 @@ def test_greedy_speculative_with_penalties_is_the_penalized_large_model(drafting
         assert out.token_ids == hf_greedy_penalized(drafting_pair["large"], prompt, n, sp), (prompt, sp)
         assert [r.model for r in out.logprobs] == out.token_models
         ids = prompt + out.token_ids
-        rows = {m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair}
+        rows = {
+            m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair
+        }
         for i, (record, token, model) in enumerate(zip(out.logprobs, out.token_ids, out.token_models)):
             assert record.token_id == token
             assert abs(record.logprob - float(rows[model][i, token])) < 1e-9, (prompt, i, model)
@@ -620,7 +663,9 @@ class _Spy(Speculative):
     def verify(self, result):
         for i, rid in enumerate(result.request_ids):
             n = int(result.num_drafts[i])
-            self.seen.append((rid, int(result.start[i]), result.drafts[i, :n].tolist(), result.logits[i, : n + 1].clone()))
+            self.seen.append(
+                (rid, int(result.start[i]), result.drafts[i, :n].tolist(), result.logits[i, : n + 1].clone())
+            )
         return super().verify(result)
 
 
@@ -660,7 +705,9 @@ def test_sampled_speculative_verifies_against_the_penalized_target(drafting_pair
     assert rejected > 0  # some checks rolled drafts back
     for (prompt, _), sp, out in zip(work, params, outs):
         ids = prompt + out.token_ids
-        rows = {m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair}
+        rows = {
+            m: torch.log_softmax(penalized_logits(drafting_pair[m], ids, len(prompt), sp), -1) for m in drafting_pair
+        }
         for i, (record, token, model) in enumerate(zip(out.logprobs, out.token_ids, out.token_models)):
             assert (record.token_id, record.model) == (token, model)
             assert abs(record.logprob - float(rows[model][i, token])) < 1e-9

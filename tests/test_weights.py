@@ -52,12 +52,17 @@ def test_shards_are_read_through_their_index(tmp_path, tokenizer):
     for i, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
         shard = f"model-{i + 1:05d}-of-00002.safetensors"
         save_file({n: tensors[n] for n in part}, path / shard, metadata={"format": "pt"})
-        weight_map.update({n: shard for n in part})
+        weight_map.update(dict.fromkeys(part, shard))
     (path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
-    assert [p.name for p in checkpoint_files(path)] == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    assert [p.name for p in checkpoint_files(path)] == [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ]
     config = AutoConfig.from_pretrained(path)
-    _same_model(load_streaming(config, path, torch.float32, "eager"),
-                AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"))  # fmt: skip
+    _same_model(
+        load_streaming(config, path, torch.float32, "eager"),
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, attn_implementation="eager"),
+    )
 
 
 def test_a_checkpoint_with_other_names_is_left_to_from_pretrained(tmp_path, tokenizer):

@@ -17,10 +17,11 @@ import anyio
 import torch
 from pydantic import ValidationError
 
-from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
 from .autobatch.controller import AutoBatching, profile_workers
-from .engine.core_share import CoreShare, usable_cores
 from .autobatch.latency_profile import LatencyProfile
+from .autobatch.throughput_model import ThroughputPrediction
+from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
+from .engine.core_share import CoreShare, usable_cores
 from .engine.events import WorkerEvent, WorkerStats
 from .engine.lockstep import LockstepDriver
 from .engine.model_core import ModelCore
@@ -37,7 +38,6 @@ from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
 from .prompts import Prompt, encode_prompt
 from .structured.compiler import GrammarCompiler
 from .tools import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
-from .autobatch.throughput_model import ThroughputPrediction
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +48,9 @@ def _check_verifying(policy: Policy, specs: dict[str, ModelSpec]) -> None:
     if isinstance(md, bool) or not isinstance(md, int) or md < 1:
         raise ConfigError(f"policy: a verifying policy needs max_draft, an int >= 1, got {md!r}")
     if HIDDEN in policy.requires:
-        raise ConfigError("policy: VERIFY and HIDDEN together are not supported (the hidden state of a corrected position)")
+        raise ConfigError(
+            "policy: VERIFY and HIDDEN together are not supported (the hidden state of a corrected position)"
+        )
     budget = specs[policy.verifier].max_num_batched_tokens
     if md + 1 > budget:
         raise ConfigError(
@@ -191,11 +193,18 @@ class Engine:
             _check_verifying(policy, self.specs)
         try:
             self.options = EngineOptions.model_validate(
-                dict(num_threads=num_threads, delayed_batching=delayed_batching, batch_wait_s=batch_wait_s,
-                     mode=mode, stop_timeout=stop_timeout, auto_batching=auto_batching, ray_address=ray_address,
-                     placement_strategy=placement_strategy),
+                {
+                    "num_threads": num_threads,
+                    "delayed_batching": delayed_batching,
+                    "batch_wait_s": batch_wait_s,
+                    "mode": mode,
+                    "stop_timeout": stop_timeout,
+                    "auto_batching": auto_batching,
+                    "ray_address": ray_address,
+                    "placement_strategy": placement_strategy,
+                },
                 context={"models": list(self.specs)},
-            )  # fmt: skip
+            )
         except ValidationError as e:
             raise ConfigError(_first_error(e)) from None
         self.mode = self.options.mode
@@ -249,7 +258,9 @@ class Engine:
         if not ray_installed():
             raise ConfigError(f"models[{self.placed[0]!r}].placement: needs Ray: pip install 'tokenrouter[ray]'")
         if self.mode == "lockstep":
-            raise ConfigError("mode: 'lockstep' steps every model from one thread, so no model can be placed in a Ray actor")
+            raise ConfigError(
+                "mode: 'lockstep' steps every model from one thread, so no model can be placed in a Ray actor"
+            )
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -465,7 +476,9 @@ class Engine:
             tools = normalize_tools(tools)
         tool_choice = check_tool_choice(tool_choice, tools)
         if constrains(tool_choice) and isinstance(params, SamplingParams) and params.response_format is not None:
-            raise InvalidRequestError("tool_choice", f"{tool_choice!r} constrains the output, and so does response_format")
+            raise InvalidRequestError(
+                "tool_choice", f"{tool_choice!r} constrains the output, and so does response_format"
+            )
         req = self._new_request(prompt, params, request_id, tools)
         self._check_admissible(req)
         parser = None
@@ -550,7 +563,9 @@ class Engine:
     def _submit(self, req: Request) -> None:
         model = self.policy.start_model()
         if model not in self.workers:
-            raise ConfigError(f"{self.policy!r}.start_model() gave {model!r}, not one of its models {self.policy.models}")
+            raise ConfigError(
+                f"{self.policy!r}.start_model() gave {model!r}, not one of its models {self.policy.models}"
+            )
         if self._fleet is not None:
             self._fleet.submitted(req, model)
         if not self.workers[model].submit(req):
@@ -610,7 +625,9 @@ class Engine:
                 )
             each = list(params)
         else:
-            raise InvalidRequestError("params", f"must be SamplingParams or a list of them, got {type(params).__name__}")
+            raise InvalidRequestError(
+                "params", f"must be SamplingParams or a list of them, got {type(params).__name__}"
+            )
         prepared = []
         for i, (prompt, p) in enumerate(zip(prompts, each)):
             try:
@@ -659,7 +676,11 @@ class Engine:
         request_id: str | None = None,
     ) -> RequestOutput:
         """`generate` for a conversation: `messages` are chat messages, `tools` as for `generate`."""
-        if isinstance(messages, str) or not isinstance(messages, list) or not all(isinstance(m, Mapping) for m in messages):
+        if (
+            isinstance(messages, str)
+            or not isinstance(messages, list)
+            or not all(isinstance(m, Mapping) for m in messages)
+        ):
             raise InvalidRequestError("messages", "must be a list of chat message dicts")
         return await self.generate(messages, params, request_id=request_id, tools=tools, tool_choice=tool_choice)
 

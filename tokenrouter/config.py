@@ -11,9 +11,18 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, Union
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationInfo, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
 
@@ -47,7 +56,7 @@ class Grammar(BaseModel):
     root: StrictStr = Field("root", min_length=1)
 
 
-ResponseFormat = Union[JsonSchema, Regex, Grammar]
+ResponseFormat = JsonSchema | Regex | Grammar
 
 
 def _as_response_format(v):
@@ -117,6 +126,7 @@ class SamplingParams(BaseModel):
         if self.response_format is not None and self.ignore_eos:
             raise ValueError("ignore_eos: cannot be combined with response_format (a finished grammar allows only EOS)")
         return self
+
     repetition_penalty: float = Field(
         1.0,
         gt=0.0,
@@ -189,8 +199,12 @@ class RayPlacement(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_cpus: float = Field(1.0, ge=0.0, le=1024.0, allow_inf_nan=False, strict=True, description="CPUs the actor reserves.")
-    num_gpus: float = Field(0.0, ge=0.0, le=64.0, allow_inf_nan=False, strict=True, description="GPUs the actor reserves.")
+    num_cpus: float = Field(
+        1.0, ge=0.0, le=1024.0, allow_inf_nan=False, strict=True, description="CPUs the actor reserves."
+    )
+    num_gpus: float = Field(
+        0.0, ge=0.0, le=64.0, allow_inf_nan=False, strict=True, description="GPUs the actor reserves."
+    )
     resources: dict[StrictStr, float] = Field(
         default_factory=dict, description="Custom resources the actor needs, e.g. {'node_large': 1}."
     )
@@ -221,7 +235,9 @@ class RayPlacement(BaseModel):
     @classmethod
     def _env(cls, v: dict | None) -> dict | None:
         env = (v or {}).get("env_vars")
-        if env is not None and (not isinstance(env, Mapping) or not all(isinstance(x, str) for kv in env.items() for x in kv)):
+        if env is not None and (
+            not isinstance(env, Mapping) or not all(isinstance(x, str) for kv in env.items() for x in kv)
+        ):
             raise ValueError("runtime_env: env_vars must be a dict of str -> str")
         return v
 
@@ -242,8 +258,9 @@ class ModelSpec(BaseModel):
     """One model and the worker that serves it.
 
     `path` is a Hugging Face model directory (config.json + safetensors + tokenizer), a `.gguf`
-    file, or the name of a model in the local store (`tokenrouter models`). The KV budget is explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of
-    free memory); with neither, `kv_cache_tokens` defaults to 16384.
+    file, or the name of a model in the local store (`tokenrouter models`). The KV budget is
+    explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of free memory); with
+    neither, `kv_cache_tokens` defaults to 16384.
 
     `placement` (a `RayPlacement`) runs the model's worker in a Ray actor instead of the caller's
     process (docs/distributed.md). Its `path` and `tokenizer` are then looked up on the node the
@@ -353,7 +370,9 @@ class ModelSpec(BaseModel):
     def _one_budget(self) -> ModelSpec:
         if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
             raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
-        if self.quantization is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in ("auto", "float32")):
+        if self.quantization is not None and (
+            self.device.split(":")[0] != "cpu" or self.dtype not in ("auto", "float32")
+        ):
             raise ValueError(
                 f"quantization={self.quantization!r} runs on device 'cpu' in float32 only, "
                 f"not device={self.device!r} with dtype={self.dtype!r}"
@@ -374,7 +393,9 @@ class AutoBatchingOptions(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    interval_s: float = Field(1.0, gt=0.0, allow_inf_nan=False, strict=True, description="Seconds between re-picks of B.")
+    interval_s: float = Field(
+        1.0, gt=0.0, allow_inf_nan=False, strict=True, description="Seconds between re-picks of B."
+    )
     latency_bound_s: float | None = Field(
         None, gt=0.0, allow_inf_nan=False, strict=True, description="A bound on the predicted per-token latency."
     )
@@ -436,7 +457,9 @@ class EngineOptions(BaseModel):
     @classmethod
     def _strategy(cls, v):
         if v is not None and v not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            raise ValueError(f"placement_strategy: must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD', got {v!r}")
+            raise ValueError(
+                f"placement_strategy: must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD', got {v!r}"
+            )
         return v
 
     @field_validator("num_threads", mode="before")
@@ -502,7 +525,7 @@ class EngineOptions(BaseModel):
         """B per model (1 where none is given, and under 'auto' until the controller picks)."""
         db = self.delayed_batching
         if db is None or db == "auto":
-            return {m: 1 for m in models}
+            return dict.fromkeys(models, 1)
         if isinstance(db, dict):
             return {m: db.get(m, 1) for m in models}
-        return {m: db for m in models}
+        return dict.fromkeys(models, db)

@@ -16,9 +16,9 @@ from __future__ import annotations
 import queue
 import threading
 import weakref
-from dataclasses import dataclass
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 

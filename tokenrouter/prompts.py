@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Union
 
 from .errors import InvalidRequestError
 
 ChatMessage = Mapping[str, object]
-Prompt = Union[str, Sequence[int], Sequence[ChatMessage]]
+Prompt = str | Sequence[int] | Sequence[ChatMessage]
 
 CHAT_ROLES = frozenset({"system", "user", "assistant", "tool", "developer"})
 
@@ -53,7 +52,9 @@ def _check_tool_calls(field: str, role: str, calls) -> None:
     for j, call in enumerate(calls):
         fn = call.get("function") if isinstance(call, Mapping) else None
         if not isinstance(fn, Mapping) or not isinstance(fn.get("name"), str):
-            raise InvalidRequestError(f"{field}[{j}]", 'must be {"type": "function", "function": {"name", "arguments"}}')
+            raise InvalidRequestError(
+                f"{field}[{j}]", 'must be {"type": "function", "function": {"name", "arguments"}}'
+            )
         if not isinstance(fn.get("arguments"), (Mapping, str)):
             raise InvalidRequestError(f"{field}[{j}].function.arguments", "must be a dict or a JSON string")
 
@@ -62,9 +63,12 @@ def chat_ids(tokenizer, messages: Sequence[Mapping], tools: list[dict] | None = 
     """Chat messages (and the tools offered, if any) rendered by the tokenizer's chat template,
     with the generation prompt: the one way every part of the package turns a conversation into
     token ids."""
-    return [int(i) for i in tokenizer.apply_chat_template(
-        [dict(m) for m in messages], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
-    )]  # fmt: skip
+    return [
+        int(i)
+        for i in tokenizer.apply_chat_template(
+            [dict(m) for m in messages], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+        )
+    ]
 
 
 def encode_prompt(
@@ -76,7 +80,10 @@ def encode_prompt(
     and, if given, the tools (which need chat messages).
     """
     if tools is not None and not (
-        isinstance(prompt, Sequence) and not isinstance(prompt, str) and len(prompt) > 0 and isinstance(prompt[0], Mapping)
+        isinstance(prompt, Sequence)
+        and not isinstance(prompt, str)
+        and len(prompt) > 0
+        and isinstance(prompt[0], Mapping)
     ):
         raise InvalidRequestError("tools", "need a prompt of chat messages (the chat template renders them)")
     if isinstance(prompt, str):
@@ -103,7 +110,8 @@ def encode_prompt(
             i, t = next((i, t) for i, t in enumerate(prompt) if isinstance(t, bool) or not isinstance(t, int))
             raise InvalidRequestError(
                 "prompt",
-                f"a list prompt must be all token ids (int) or all chat messages (dict); item {i} is {type(t).__name__}",
+                f"a list prompt must be all token ids (int) or all chat messages (dict); "
+                f"item {i} is {type(t).__name__}",
             )
     else:
         raise InvalidRequestError(

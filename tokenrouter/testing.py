@@ -33,7 +33,7 @@ CHATML_TEMPLATE = (
     "{% elif m['role'] == 'assistant' and m['tool_calls'] is defined and m['tool_calls'] %}<|im_start|>assistant\n"
     "{% if m['content'] %}{{ m['content'] }}\n{% endif %}"
     "{% for c in m['tool_calls'] %}<tool_call>\n"
-    '{"name": "{{ c[\'function\'][\'name\'] }}", "arguments": {{ c[\'function\'][\'arguments\'] | tojson }}}'
+    "{\"name\": \"{{ c['function']['name'] }}\", \"arguments\": {{ c['function']['arguments'] | tojson }}}"
     "\n</tool_call>{% endfor %}<|im_end|>\n"
     "{% else %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endif %}"
     "{% endfor %}"
@@ -76,16 +76,16 @@ def tiny_config(arch: str, vocab_size: int, **overrides):
     """A small config of the given family: 'llama', 'qwen2' or 'qwen3' (or any transformers model_type)."""
     from transformers import AutoConfig
 
-    kwargs = dict(
-        vocab_size=vocab_size,
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=512,
-        tie_word_embeddings=False,
-    )
+    kwargs = {
+        "vocab_size": vocab_size,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    }
     if arch == "qwen3":
         kwargs["head_dim"] = 16
     kwargs.update(overrides)
@@ -212,13 +212,19 @@ def reference_generate(
     accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
     next position.
     """
+    from .engine.model_core import MAX_STALLS
     from .engine.model_runner import HiddenCapture
     from .engine.penalties import penalize_rows
     from .engine.sampler import Sampler, SamplingTensors
-    from .engine.model_core import MAX_STALLS
     from .policies.base import (
-        ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, VerifyResult, normalized_entropy,
-    )  # fmt: skip
+        ENTROPY,
+        HIDDEN,
+        TOKEN_EMBEDDING,
+        PeerMessage,
+        StepResult,
+        VerifyResult,
+        normalized_entropy,
+    )
 
     names = policy.models
     tokens = list(prompt_ids)
@@ -265,13 +271,22 @@ def reference_generate(
             if current == verifier and len(tokens) > confirmed:  # a check: judge the drafts first
                 span = processed(model(torch.tensor([tokens])).logits[0, confirmed - 1 :], confirmed)
                 drafts = tokens[confirmed:]
-                verdict = policy.verify(VerifyResult(
-                    model=current, model_index=names.index(current), request_ids=["reference"], sources=[drafter],
-                    start=torch.tensor([confirmed]), num_drafts=torch.tensor([len(drafts)]),
-                    drafts=torch.tensor([drafts]), logits=span[None],
-                    num_generated=torch.tensor([confirmed - len(prompt_ids)]), states=[states[current]],
-                    params=[params], seeds=[seed],
-                ))  # fmt: skip
+                verdict = policy.verify(
+                    VerifyResult(
+                        model=current,
+                        model_index=names.index(current),
+                        request_ids=["reference"],
+                        sources=[drafter],
+                        start=torch.tensor([confirmed]),
+                        num_drafts=torch.tensor([len(drafts)]),
+                        drafts=torch.tensor([drafts]),
+                        logits=span[None],
+                        num_generated=torch.tensor([confirmed - len(prompt_ids)]),
+                        states=[states[current]],
+                        params=[params],
+                        seeds=[seed],
+                    )
+                )
                 accept = int(verdict.accept[0])
                 for j, t in enumerate(drafts[:accept]):
                     written.append(drafter)

@@ -14,12 +14,11 @@ import json
 import re
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Union
 
 from .errors import InvalidRequestError
 from .outputs import ToolCall
 
-ToolChoice = Union[str, Mapping]
+ToolChoice = str | Mapping
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 TOOL_CHOICES = ("auto", "none", "required")
 
@@ -69,7 +68,9 @@ def check_tool_choice(tool_choice: ToolChoice, tools: list[dict] | None) -> Tool
     """'auto', 'none', 'required', or {"type": "function", "function": {"name": NAME}} naming a given tool."""
     if isinstance(tool_choice, str):
         if tool_choice not in TOOL_CHOICES:
-            raise InvalidRequestError("tool_choice", f"must be one of {list(TOOL_CHOICES)} or a named function, got {tool_choice!r}")
+            raise InvalidRequestError(
+                "tool_choice", f"must be one of {list(TOOL_CHOICES)} or a named function, got {tool_choice!r}"
+            )
         if tool_choice == "required" and not tools:
             raise InvalidRequestError("tool_choice", "'required' needs tools")
         return tool_choice
@@ -77,7 +78,9 @@ def check_tool_choice(tool_choice: ToolChoice, tools: list[dict] | None) -> Tool
         fn = tool_choice.get("function")
         name = fn.get("name") if isinstance(fn, Mapping) else None
         if tool_choice.get("type") != "function" or not isinstance(name, str):
-            raise InvalidRequestError("tool_choice", 'a named choice is {"type": "function", "function": {"name": NAME}}')
+            raise InvalidRequestError(
+                "tool_choice", 'a named choice is {"type": "function", "function": {"name": NAME}}'
+            )
         names = [t["function"]["name"] for t in tools or []]
         if name not in names:
             raise InvalidRequestError("tool_choice", f"names {name!r}, which is not among the tools {names}")

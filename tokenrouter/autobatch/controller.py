@@ -28,9 +28,9 @@ from .throughput_model import RoutingStats, TableLatency, ThroughputPrediction, 
 
 if TYPE_CHECKING:
     from ..config import AutoBatchingOptions, ModelSpec
-    from ..policies import Policy
     from ..engine.model_loader import LoadedModel
     from ..engine.worker_thread import WorkerThread
+    from ..policies import Policy
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +243,18 @@ class AutoBatching:
             bound = self.options.latency_bound_s
             # a hand-off's time between the workers (0 in one process; measured between Ray actors)
             delay = sum(workers[m].handoff_delay_s for m in names) / len(names)
-            inputs = (C, sigma, turns, bound, delay, *[
-                v for m in routing for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
-            ])  # fmt: skip
+            inputs = (
+                C,
+                sigma,
+                turns,
+                bound,
+                delay,
+                *[
+                    v
+                    for m in routing
+                    for v in (routing[m].h, routing[m].k, routing[m].catch_up_tokens, latency[m].scale)
+                ],
+            )
             if self._prediction is not None and self._inputs is not None and _close(inputs, self._inputs):
                 return  # nothing moved enough to re-pick
             prediction = choose_b(

@@ -37,9 +37,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
-from ..files import write_text_atomic
 from ..engine.batch import ScheduledBatch
 from ..engine.sequence import Request, SeqStatus, Sequence
+from ..files import write_text_atomic
 from .throughput_model import LatencyModel, TableLatency, VerifyLatency
 
 if TYPE_CHECKING:

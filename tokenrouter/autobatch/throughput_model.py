@@ -519,7 +519,9 @@ def handoff_rate(pair: TwoModelChain, pi: np.ndarray, T: list[np.ndarray]) -> fl
     """Requests leaving either model per second: sum_n pi(n) sum_m b_m h_m / T_m."""
     rate = 0.0
     for i in range(2):
-        per_step = np.where(np.isfinite(T[i]) & (pair.b[i] > 0), pair.b[i] * pair.rt[i].h / np.where(np.isfinite(T[i]), T[i], 1.0), 0.0)
+        per_step = np.where(
+            np.isfinite(T[i]) & (pair.b[i] > 0), pair.b[i] * pair.rt[i].h / np.where(np.isfinite(T[i]), T[i], 1.0), 0.0
+        )
         rate += float(pi @ per_step)
     return rate
 
@@ -589,10 +591,14 @@ class TransitMix:
 
 
 def transition_matrix(
-    latency: Mapping[str, StepLatency], routing: Mapping[str, RoutingStats], concurrency: int,
-    batch_min: Mapping[str, int] | None = None, batch_wait_s: float = 0.02,
-    max_batch: Mapping[str, int] | None = None, shared_device: float = 0.0,
-) -> np.ndarray:  # fmt: skip
+    latency: Mapping[str, StepLatency],
+    routing: Mapping[str, RoutingStats],
+    concurrency: int,
+    batch_min: Mapping[str, int] | None = None,
+    batch_wait_s: float = 0.02,
+    max_batch: Mapping[str, int] | None = None,
+    shared_device: float = 0.0,
+) -> np.ndarray:
     """The (C+1) x (C+1) one-slot transition matrix of the chain of overlapping steps (not the
     turn-taking one); state n = requests on the first model."""
     names = _names(latency, routing)
@@ -712,7 +718,9 @@ def predict(
 
     `routing`'s order names the models; the first is the one requests start on.
     `handoff_delay_s`: seconds a hand-off spends between the workers (module docstring)."""
-    names, _, mix = _start(latency, routing, concurrency, batch_wait_s, max_batch, shared_device, turns, handoff_delay_s, None)
+    names, _, mix = _start(
+        latency, routing, concurrency, batch_wait_s, max_batch, shared_device, turns, handoff_delay_s, None
+    )
     if isinstance(mix, ThroughputPrediction):
         return mix
     B = [max(1, int((batch_min or {}).get(m, 1))) for m in names]
@@ -731,6 +739,7 @@ def _start(latency, routing, concurrency, batch_wait_s, max_batch, shared_device
         return names, C, _single(names[0], latency, routing, C, batch_wait_s, max_batch, bound)
     if len(names) > 2:
         return names, C, _many(names, latency, routing, C, batch_wait_s)
+
     def chain(c: float) -> TwoModelChain:
         return TwoModelChain(names, latency, routing, c, batch_wait_s, max_batch, shared_device, turns)
 
@@ -739,7 +748,7 @@ def _start(latency, routing, concurrency, batch_wait_s, max_batch, shared_device
 
 def _many(names, latency, routing, C, batch_wait_s) -> ThroughputPrediction:
     return ThroughputPrediction(
-        batch_min={m: 1 for m in names},
+        batch_min=dict.fromkeys(names, 1),
         tokens_per_s=None,
         per_token_latency_s=None,
         concurrency=C,

@@ -89,8 +89,14 @@ class BenchConfig:
         if not self.systems or not self.workloads or not self.concurrency:
             raise ConfigError("give at least one system, one workload and one concurrency level")
         for name in (
-            "repeats", "threads", "threads_lockstep", "warmup_tokens", "requests", "min_requests", "kv_cache_tokens"
-        ):  # fmt: skip
+            "repeats",
+            "threads",
+            "threads_lockstep",
+            "warmup_tokens",
+            "requests",
+            "min_requests",
+            "kv_cache_tokens",
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ConfigError(f"{name}: must be an integer >= 1, got {value!r}")
@@ -128,11 +134,18 @@ class BenchResult:
 
     def to_dict(self) -> dict:
         return {
-            "command": self.command, "models": self.models, "policy": self.policy, "machine": self.machine,
-            "settings": self.settings, "workloads": self.workloads, "warnings": self.warnings,
-            "wall_s": self.wall_s, "summaries": [s.to_dict() for s in self.summaries],
-            "runs": [r.to_dict() for r in self.runs], "profiles": self.profiles,
-        }  # fmt: skip
+            "command": self.command,
+            "models": self.models,
+            "policy": self.policy,
+            "machine": self.machine,
+            "settings": self.settings,
+            "workloads": self.workloads,
+            "warnings": self.warnings,
+            "wall_s": self.wall_s,
+            "summaries": [s.to_dict() for s in self.summaries],
+            "runs": [r.to_dict() for r in self.runs],
+            "profiles": self.profiles,
+        }
 
 
 # ---- one measured run ----------------------------------------------------------------------------
@@ -227,13 +240,19 @@ async def measure(
     after = engine.stats()
     turns.sort(key=lambda t: (t.session, t.turn))
     return Run(
-        workload=workload, concurrency=concurrency, system=system, repeat=repeat, wall_s=wall,
-        cut_short=scope.cancelled_caught, kv_freed=kv_freed, turns=turns,
+        workload=workload,
+        concurrency=concurrency,
+        system=system,
+        repeat=repeat,
+        wall_s=wall,
+        cut_short=scope.cancelled_caught,
+        kv_freed=kv_freed,
+        turns=turns,
         steps={m: after[m].steps - before[m].steps for m in after},
         prefix_cache_hit_tokens={
             m: after[m].prefix_cache_hit_tokens - before[m].prefix_cache_hit_tokens for m in after
         },
-    )  # fmt: skip
+    )
 
 
 # ---- engines --------------------------------------------------------------------------------------
@@ -431,21 +450,42 @@ async def run_bench(
             sessions = plan[(w.name, c)]
             tokens = [s.prompt_tokens for s in sessions]
             levels[str(c)] = {
-                "sessions": len(sessions), "turns": sum(s.turns for s in sessions),
+                "sessions": len(sessions),
+                "turns": sum(s.turns for s in sessions),
                 "output_tokens": sum(sum(s.max_tokens) for s in sessions),
-                "prompt_tokens_min": min(tokens), "prompt_tokens_max": max(tokens),
-            }  # fmt: skip
+                "prompt_tokens_min": min(tokens),
+                "prompt_tokens_max": max(tokens),
+            }
         workloads[w.name] = {"description": w.describe(), "sizes": w.sizes_dict(), "levels": levels}
     settings = {
-        "systems": cfg.systems, "concurrency": cfg.concurrency, "repeats": cfg.repeats, "requests": cfg.requests,
-        "min_requests": cfg.min_requests, "kv_cache_tokens": kv, "threads": cfg.threads,
-        "threads_lockstep": cfg.threads_lockstep, "max_run_s": cfg.max_run_s, "reuse_engines": cfg.reuse_engines,
+        "systems": cfg.systems,
+        "concurrency": cfg.concurrency,
+        "repeats": cfg.repeats,
+        "requests": cfg.requests,
+        "min_requests": cfg.min_requests,
+        "kv_cache_tokens": kv,
+        "threads": cfg.threads,
+        "threads_lockstep": cfg.threads_lockstep,
+        "max_run_s": cfg.max_run_s,
+        "reuse_engines": cfg.reuse_engines,
         "other_policies": {name: repr(p) for name, p in cfg.other_policies.items()},
-        "seed": cfg.seed, "device": cfg.device, "dtype": cfg.dtype, "warmup_tokens": cfg.warmup_tokens,
-        "cuda_graph_max_batch": cfg.cuda_graph_max_batch, "model_options": cfg.model_options,
-    }  # fmt: skip
+        "seed": cfg.seed,
+        "device": cfg.device,
+        "dtype": cfg.dtype,
+        "warmup_tokens": cfg.warmup_tokens,
+        "cuda_graph_max_batch": cfg.cuda_graph_max_batch,
+        "model_options": cfg.model_options,
+    }
     return BenchResult(
-        command=command, models={m: str(p) for m, p in cfg.models.items()}, policy=repr(cfg.policy),
-        machine=machine_info(), settings=settings, workloads=workloads, runs=runs, summaries=summaries,
-        warnings=warnings, wall_s=time.perf_counter() - t_start, profiles=profiles,
-    )  # fmt: skip
+        command=command,
+        models={m: str(p) for m, p in cfg.models.items()},
+        policy=repr(cfg.policy),
+        machine=machine_info(),
+        settings=settings,
+        workloads=workloads,
+        runs=runs,
+        summaries=summaries,
+        warnings=warnings,
+        wall_s=time.perf_counter() - t_start,
+        profiles=profiles,
+    )

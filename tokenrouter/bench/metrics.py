@@ -104,10 +104,17 @@ class Run:
     def to_dict(self) -> dict:
         turns = [{k: v for k, v in asdict(t).items() if k != "token_ids"} for t in self.turns]
         return {
-            "workload": self.workload, "concurrency": self.concurrency, "system": self.system,
-            "repeat": self.repeat, "cut_short": self.cut_short, "kv_freed": self.kv_freed, **self.metrics(),
-            "steps": self.steps, "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens, "turns": turns,
-        }  # fmt: skip
+            "workload": self.workload,
+            "concurrency": self.concurrency,
+            "system": self.system,
+            "repeat": self.repeat,
+            "cut_short": self.cut_short,
+            "kv_freed": self.kv_freed,
+            **self.metrics(),
+            "steps": self.steps,
+            "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+            "turns": turns,
+        }
 
 
 @dataclass
@@ -126,8 +133,14 @@ class Summary:
     def of(cls, runs: list[Run]) -> Summary:
         first = runs[0]
         per_run = [r.metrics() for r in runs]
-        return cls(first.workload, first.concurrency, first.system, len(runs), median_metrics(per_run),
-                   any(r.cut_short for r in runs))  # fmt: skip
+        return cls(
+            first.workload,
+            first.concurrency,
+            first.system,
+            len(runs),
+            median_metrics(per_run),
+            any(r.cut_short for r in runs),
+        )
 
     def to_dict(self) -> dict:
         return asdict(self)

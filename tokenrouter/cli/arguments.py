@@ -89,55 +89,73 @@ def taus(text: str) -> list[float]:
 def add_routing_options(g) -> None:
     """--policy, --tau, --router, --threshold, --taus, --model, --no-pull: shared by generate, chat, bench."""
     g.add_argument(
-        "--policy", choices=POLICIES, default="rstitch",
+        "--policy",
+        choices=POLICIES,
+        default="rstitch",
         help="routing policy: rstitch (default; small model, large one where the small one is unsure); "
         "single (one model, given with --model); citer, r2r or collm (a learned router decides which "
         "tokens the large model writes; give --router); escalation (two or more models, usually "
         "three, smallest first, given with --model; --taus)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--tau", type=float, default=0.03,
+        "--tau",
+        type=float,
+        default=0.03,
         help="RStitch threshold on the normalized entropy, in [0, 1] (default 0.03); escalation uses it "
         "for every model without --taus",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--router", default=None, metavar="DIR",
+        "--router",
+        default=None,
+        metavar="DIR",
         help="citer, r2r, collm: the router directory written by `tokenrouter train-router` for this "
         "model pair (required for those policies)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--threshold", type=float, default=None,
+        "--threshold",
+        type=float,
+        default=None,
         help="citer, r2r, collm: the router's decision threshold in [0, 1] (default: the one picked when "
         "it was trained). R2R defers a token when p >= threshold, CoLLM when p > threshold, CITER when "
         "its confidence < threshold",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--taus", type=taus, default=None, metavar="A,B,...",
+        "--taus",
+        type=taus,
+        default=None,
+        metavar="A,B,...",
         help="escalation: one normalized-entropy threshold per model but the largest, smallest first "
         "(default: --tau for each)",
-    )  # fmt: skip
+    )
     g.add_argument(
-        "--model", action="append", type=model_arg, default=[], metavar="NAME=PATH",
+        "--model",
+        action="append",
+        type=model_arg,
+        default=[],
+        metavar="NAME=PATH",
         help="a model as the policy names it (rstitch, citer, r2r, collm: small, large; escalation: any "
         "names, smallest first) and where it is: a Hugging Face directory, a .gguf file or a store "
         "name; repeatable. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
-    )  # fmt: skip
+    )
     g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
 
 
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and routing")
     add_routing_options(g)
-    optional_count(g, "--threads", "torch threads per worker (default: on CPU the workers take turns, each step on every core)")
+    optional_count(
+        g, "--threads", "torch threads per worker (default: on CPU the workers take turns, each step on every core)"
+    )
     g.add_argument(
         "--kv-cache-tokens", type=positive_int, default=8192, help="KV cache budget per model, in tokens (default 8192)"
     )
     g.add_argument(
-        "--device", default=None,
+        "--device",
+        default=None,
         help="torch device of every model, e.g. cuda:0 (default: cuda if available, else cpu); on one GPU each "
         "model's worker runs on its own CUDA stream",
-    )  # fmt: skip
+    )
     s = p.add_argument_group("sampling")
     s.add_argument("--max-tokens", type=positive_int, default=256, help="most tokens to generate (default 256)")
     s.add_argument("--temperature", type=float, default=0.0, help="0 is greedy (default 0)")
@@ -145,4 +163,3 @@ def add_engine_options(p: argparse.ArgumentParser) -> None:
     s.add_argument("--seed", type=int, default=None, help="seed for reproducible sampling")
     s.add_argument("--system", default=None, help="a system message put before the conversation")
     p.add_argument("--no-color", action="store_true", help="never colour the output (also: NO_COLOR set)")
-

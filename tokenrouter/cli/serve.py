@@ -14,23 +14,26 @@ from .output import Painter, status, summary, summary_line
 
 def add_parsers(sub) -> None:
     gen = sub.add_parser(
-        "generate", help="answer one prompt, showing which model wrote each token",
+        "generate",
+        help="answer one prompt, showing which model wrote each token",
         description="Answer one prompt with token-level routing. On a terminal each model's tokens have "
         "their own colour; a one-line summary follows (tokens per model, hand-offs, tokens/s).",
-    )  # fmt: skip
+    )
     gen.add_argument("prompt", help="the prompt; '-' reads it from stdin")
     gen.add_argument("--raw", action="store_true", help="send the prompt as plain text, without the chat template")
     gen.add_argument(
-        "--json", action="store_true",
+        "--json",
+        action="store_true",
         help="print one JSON object: text, token ids, the model that wrote each token, and the summary",
-    )  # fmt: skip
+    )
     add_engine_options(gen)
 
     chat = sub.add_parser(
-        "chat", help="an interactive multi-turn chat, streamed",
+        "chat",
+        help="an interactive multi-turn chat, streamed",
         description="Chat with the routed models, one turn after another, using the chat template. "
         "Type /reset to forget the conversation, /exit (or Ctrl-D) to leave.",
-    )  # fmt: skip
+    )
     add_engine_options(chat)
     gen.set_defaults(run=run)
     chat.set_defaults(run=run)
@@ -148,4 +151,3 @@ async def chat(args) -> int:
             history = [*turn, {"role": "assistant", "content": out.text}]
             print(summary_line(summary(out, engine.policy.models, time.perf_counter() - t0), painter), flush=True)
     return 0
-

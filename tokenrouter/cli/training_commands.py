@@ -15,7 +15,8 @@ from .output import status
 
 def add_parsers(sub) -> None:
     lab = sub.add_parser(
-        "label", help="label which model suffices for each token of a reference corpus",
+        "label",
+        help="label which model suffices for each token of a reference corpus",
         description="Teacher-force every model (smallest first) over a reference corpus (each prompt through "
         "the smallest model's chat template, then its reference response) and record, for every response "
         "token, each model's greedy token and entropy, the smallest model whose greedy token is the largest "
@@ -23,65 +24,91 @@ def add_parsers(sub) -> None:
         "DIR/labels.safetensors and DIR/labels.json and prints a summary: tokens, the share of tokens each "
         "model suffices for, and the share of the estimated FLOPs the hardest 10% of tokens take.",
         epilog="Then: `tokenrouter train-router --policy r2r --labels DIR --out ROUTER_DIR`.",
-    )  # fmt: skip
+    )
     lab.add_argument(
-        "--model", action="append", type=model_arg, default=[], metavar="NAME=PATH",
+        "--model",
+        action="append",
+        type=model_arg,
+        default=[],
+        metavar="NAME=PATH",
         help="a model and where it is (a Hugging Face directory, a .gguf file or a store name), repeatable, "
         "smallest first; two or more, sharing one vocabulary. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']} (fetched if missing)",
-    )  # fmt: skip
+    )
     corpus = {
-        "--data": dict(metavar="FILE.jsonl", help='the corpus: JSON Lines, one {"prompt": text or chat messages, '
-                       '"response": text} per line; a line without a response gets the largest model\'s own greedy '
-                       "answer"),
-        "--python-corpus": dict(type=positive_int, metavar="N", help="the corpus: N functions of this machine's "
-                                "Python standard library (the prompt asks for the function by name and docstring, "
-                                "the response is its source); offline and deterministic"),
-    }  # fmt: skip
+        "--data": {
+            "metavar": "FILE.jsonl",
+            "help": 'the corpus: JSON Lines, one {"prompt": text or chat messages, '
+            '"response": text} per line; a line without a response gets the largest model\'s own greedy '
+            "answer",
+        },
+        "--python-corpus": {
+            "type": positive_int,
+            "metavar": "N",
+            "help": "the corpus: N functions of this machine's "
+            "Python standard library (the prompt asks for the function by name and docstring, "
+            "the response is its source); offline and deterministic",
+        },
+    }
     data = lab.add_mutually_exclusive_group(required=True)
     for flag, options in corpus.items():
         data.add_argument(flag, **options)
     lab.add_argument(
-        "--max-tokens-per-example", type=positive_int, default=256, metavar="N",
+        "--max-tokens-per-example",
+        type=positive_int,
+        default=256,
+        metavar="N",
         help="label at most the first N tokens of each response (default 256)",
-    )  # fmt: skip
+    )
     lab.add_argument("--seed", type=int, default=0, help="which examples --python-corpus draws (default 0)")
     lab.add_argument(
-        "--dtype", choices=("float32", "float64", "bfloat16"), default="float32",
+        "--dtype",
+        choices=("float32", "float64", "bfloat16"),
+        default="float32",
         help="the models' compute dtype (default float32); features are stored as float32",
-    )  # fmt: skip
+    )
     lab.add_argument("--out", required=True, metavar="DIR", help="directory to write the labels to")
     lab.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
     optional_count(lab, "--threads", "torch threads (default: all cores)")
     lab.add_argument("--json", action="store_true", help="print the summary as one JSON object")
 
     tr = sub.add_parser(
-        "train-router", help="train the router of citer, r2r or collm on labels",
+        "train-router",
+        help="train the router of citer, r2r or collm on labels",
         description="Train a router (a small MLP on the small model's features) on the labels of a model pair "
         "written by `tokenrouter label`, and pick its threshold on held-out examples: for a recall of hard "
         "tokens (those where the small model's greedy token is not the large model's), or for a share of "
         "tokens the large model writes. Prints the held-out AUC, recall, large-model share and threshold, "
         "and writes DIR/router.json and DIR/router.safetensors.",
-        epilog="Then: `tokenrouter generate --policy r2r --router DIR \"...\"` with the same models.",
-    )  # fmt: skip
+        epilog='Then: `tokenrouter generate --policy r2r --router DIR "..."` with the same models.',
+    )
     tr.add_argument("--policy", choices=LEARNED, required=True, help="the policy whose router to train")
     tr.add_argument("--labels", required=True, metavar="DIR", help="labels written by `tokenrouter label` (two models)")
     tr.add_argument("--out", required=True, metavar="DIR", help="directory to write the router to")
     target = tr.add_mutually_exclusive_group()
     target.add_argument(
-        "--recall", type=fraction(True, False), default=None,
+        "--recall",
+        type=fraction(True, False),
+        default=None,
         help="pick the threshold for this recall of hard tokens on the held-out examples, in (0, 1] (default 0.95)",
-    )  # fmt: skip
+    )
     target.add_argument(
-        "--large-share", type=fraction(False, False), default=None, metavar="X",
+        "--large-share",
+        type=fraction(False, False),
+        default=None,
+        metavar="X",
         help="pick the threshold so that the large model writes this share of held-out tokens, in [0, 1]",
-    )  # fmt: skip
+    )
     optional_count(tr, "--epochs", "training epochs (default: enough for about 500 steps, 3 to 50)")
-    tr.add_argument("--seed", type=int, default=0, help="seed of the split, the initialisation and the batches (default 0)")
     tr.add_argument(
-        "--heldout", type=fraction(True, True), default=0.2,
+        "--seed", type=int, default=0, help="seed of the split, the initialisation and the batches (default 0)"
+    )
+    tr.add_argument(
+        "--heldout",
+        type=fraction(True, True),
+        default=0.2,
         help="share of the examples held out to pick the threshold and report metrics, in (0, 1) (default 0.2)",
-    )  # fmt: skip
+    )
     tr.add_argument("--width", type=positive_int, default=256, help="the router MLP's width (default 256)")
     optional_count(tr, "--threads", "torch threads (default: all cores)")
     tr.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
@@ -113,20 +140,31 @@ def label(args) -> int:
     models = {n: model_path(n, w, not args.no_pull) for n, w in given}
     t0 = time.perf_counter()
     if examples is None:
-        examples, source = python_corpus(args.python_corpus, args.seed), f"python_corpus({args.python_corpus}, seed={args.seed})"
+        examples, source = (
+            python_corpus(args.python_corpus, args.seed),
+            f"python_corpus({args.python_corpus}, seed={args.seed})",
+        )
     else:
         source = str(args.data)
         missing = sum(e["response"] is None for e in examples)
         if missing:
             writer, path = list(models.items())[-1]
-            status(f"{writer} writes the response of {missing} example(s), greedy, up to {args.max_tokens_per_example} tokens ...")
+            status(
+                f"{writer} writes the response of {missing} example(s), greedy, "
+                f"up to {args.max_tokens_per_example} tokens ..."
+            )
             examples = generate_responses(
-                path, examples, args.max_tokens_per_example, dtype=args.dtype,
+                path,
+                examples,
+                args.max_tokens_per_example,
+                dtype=args.dtype,
                 num_threads=args.threads,
-            )  # fmt: skip
+            )
             source += " (responses by the largest model)"
     status(f"labelling {len(examples)} examples with {', '.join(f'{n}={p.name}' for n, p in models.items())} ...")
-    labels = label(models, examples, max_tokens_per_example=args.max_tokens_per_example, dtype=args.dtype, source=source)
+    labels = label(
+        models, examples, max_tokens_per_example=args.max_tokens_per_example, dtype=args.dtype, source=source
+    )
     seconds = time.perf_counter() - t0
     out = labels.save(args.out)
     s = labels.meta().summary
@@ -138,23 +176,30 @@ def label(args) -> int:
     print(f"smallest sufficient model (its greedy token is the largest model's): {shares} of tokens")
     print(
         f"the hardest {100 * s['hardest_fraction']:.0f}% of tokens ({s['hardest_tokens']}) take "
-        f"{100 * s['hardest_flops_share']:.1f}% of the estimated FLOPs (2 x parameters of the sufficient model per token)"
+        f"{100 * s['hardest_flops_share']:.1f}% of the estimated FLOPs "
+        "(2 x parameters of the sufficient model per token)"
     )
     print(f"saved to {out} (labels.safetensors, labels.json)")
     return 0
 
 
 def train_router(args) -> int:
-    from ..training.labels import Labels
     from ..policies.routers import save_router
+    from ..training.labels import Labels
     from ..training.router_training import COMPARISON, train_router
 
     labels = Labels.load(args.labels)
     t0 = time.perf_counter()
     net, m = train_router(
-        labels, args.policy, target_recall=args.recall, large_share=args.large_share, heldout=args.heldout,
-        epochs=args.epochs, seed=args.seed, width=args.width,
-    )  # fmt: skip
+        labels,
+        args.policy,
+        target_recall=args.recall,
+        large_share=args.large_share,
+        heldout=args.heldout,
+        epochs=args.epochs,
+        seed=args.seed,
+        width=args.width,
+    )
     seconds = time.perf_counter() - t0
     out = save_router(net, args.out)
     if args.json:
@@ -166,9 +211,10 @@ def train_router(args) -> int:
         f"({int(m['tokens_heldout'])} of {int(m['examples_heldout'])} examples held out) in {seconds:.1f} s"
     )
     target = (
-        f"target recall {100 * m['target_recall']:g}%" if "target_recall" in m
+        f"target recall {100 * m['target_recall']:g}%"
+        if "target_recall" in m
         else f"target large-model share {100 * m['target_large_share']:.0f}%"
-    )  # fmt: skip
+    )
     auc = f"{m['auc']:.3f}" if "auc" in m else "- (one class only)"
     print(
         f"held-out: AUC {auc} · recall of hard tokens {100 * m['recall']:.1f}% · large-model share "
@@ -177,4 +223,3 @@ def train_router(args) -> int:
     print(f"threshold {m['threshold']:.6g} ({args.policy} defers a token when {COMPARISON[args.policy]})")
     print(f"saved to {out} (router.json, router.safetensors); serve it with --policy {args.policy} --router {out}")
     return 0
-

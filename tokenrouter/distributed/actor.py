@@ -197,7 +197,12 @@ class CallerQueue:
                 self._cond.wait(left)
             out, self._ready = self._ready, wire.EventBatch(source=self.source)
             if self._closed and not self._final_sent:
-                out.alive, out.error, out.stopped, out.stats = self._final.alive, self._final.error, True, self._final.stats
+                out.alive, out.error, out.stopped, out.stats = (
+                    self._final.alive,
+                    self._final.error,
+                    True,
+                    self._final.stats,
+                )
             return out
 
 
@@ -206,9 +211,13 @@ class ActorWorker(LinkedWorker):
 
     def __init__(self, core: ModelCore, settings: ActorSettings, tracks: Tracks, queue: CallerQueue):
         super().__init__(
-            core, lambda events: queue.stage_events(tracks.number(events)), settings.batch_min,
-            settings.batch_wait_s, num_threads=settings.threads, after_delivery=queue.publish,
-        )  # fmt: skip
+            core,
+            lambda events: queue.stage_events(tracks.number(events)),
+            settings.batch_min,
+            settings.batch_wait_s,
+            num_threads=settings.threads,
+            after_delivery=queue.publish,
+        )
         self.queue = queue
 
     def shut_down(self) -> None:
@@ -233,7 +242,9 @@ class CallerPeer:
 
     def hand_off(self, msg, req: Request) -> bool:
         event_seq, inc = self.tracks.leave(req.request_id)
-        self.queue.stage_to_caller(wire.ToCaller(self.name, handoff=wire.ForIncarnation(wire.HandOff(msg, req), inc, event_seq)))
+        self.queue.stage_to_caller(
+            wire.ToCaller(self.name, handoff=wire.ForIncarnation(wire.HandOff(msg, req), inc, event_seq))
+        )
         return True
 
     def release(self, request_id: str) -> None:

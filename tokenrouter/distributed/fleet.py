@@ -163,10 +163,13 @@ class Fleet:
                 continue
             core_share = self.core_share if spec.device.startswith("cpu") else None
             self.local[name] = LinkedWorker(
-                ModelCore(name, spec, self.policy, keep_kv_on_handoff=keep_kv), self.local_sink,
-                self.batch_min[name], self.options.batch_wait_s, num_threads=self.options.num_threads,
+                ModelCore(name, spec, self.policy, keep_kv_on_handoff=keep_kv),
+                self.local_sink,
+                self.batch_min[name],
+                self.options.batch_wait_s,
+                num_threads=self.options.num_threads,
                 core_share=core_share,
-            )  # fmt: skip
+            )
         self.workers = {name: self.remote.get(name) or self.local[name] for name in self.specs}
         names = list(self.handles)
         addresses = dict(zip(names, ray.get([self.handles[n].channel_address.remote() for n in names])))
@@ -176,7 +179,9 @@ class Fleet:
         for name, worker in self.local.items():
             worker.connect_peers(
                 {
-                    n: PeerLink(n, self.handles[n], f"{self.engine_id}/{name}", self.leave, Channel(addresses[n], self.secret))
+                    n: PeerLink(
+                        n, self.handles[n], f"{self.engine_id}/{name}", self.leave, Channel(addresses[n], self.secret)
+                    )
                     if n in self.handles
                     else w
                     for n, w in self.workers.items()
@@ -216,7 +221,8 @@ class Fleet:
                 raise ConfigError(f"placement_strategy: STRICT_PACK needs one node with {total} (nodes: {shown})")
         elif strategy == "STRICT_SPREAD" and not _spread(list(needs.values()), nodes):
             raise ConfigError(
-                f"placement_strategy: STRICT_SPREAD needs a node of its own for each of {list(needs.values())} (nodes: {shown})"
+                f"placement_strategy: STRICT_SPREAD needs a node of its own for each of {list(needs.values())} "
+                f"(nodes: {shown})"
             )
 
     def measure_links(self) -> None:
@@ -249,7 +255,8 @@ class Fleet:
         """The engine submits a request to model `entry`: follow it from here."""
         if req.grammar is not None:
             raise InvalidRequestError(
-                "response_format", "constrained output is not supported yet with models in Ray actors (docs/distributed.md)"
+                "response_format",
+                "constrained output is not supported yet with models in Ray actors (docs/distributed.md)",
             )
         with self._lock:
             self.tracks[req.request_id] = Track(
@@ -340,7 +347,12 @@ class Fleet:
         track.local_next = max(item.handoff.event_seq, track.local_next or 0)
         if not worker.hand_off(h.msg, track.req):  # the caller's own Request: its aborted flag is shared
             out: list[WorkerEvent] = []
-            self._fail(track, worker.error or f"worker {item.target!r} is not running", out, "error" if worker.error else "abort")
+            self._fail(
+                track,
+                worker.error or f"worker {item.target!r} is not running",
+                out,
+                "error" if worker.error else "abort",
+            )
             self._deliver(out)
 
     def _fail(self, track: Track, error: str | None, out: list, reason: str = "error") -> None:
@@ -376,7 +388,9 @@ class Fleet:
                 self._fail(track, error, out)
             self._deliver(out)
             survivors = [n for n, w in self.workers.items() if n not in self.lost_workers and w.alive]
-            census = self.censuses[name] = Census(set(survivors), upto=max((t.inc for t in self.tracks.values()), default=0))
+            census = self.censuses[name] = Census(
+                set(survivors), upto=max((t.inc for t in self.tracks.values()), default=0)
+            )
             for n in survivors:
                 worker = self.workers[n]
                 if isinstance(worker, RemoteWorker):

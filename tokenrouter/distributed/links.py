@@ -49,7 +49,9 @@ class PeerLink:
     `leave(request_id)` gives (the number of the request's next event, its incarnation) when it
     leaves: the receiver numbers its events from there."""
 
-    def __init__(self, name: str, handle, sender: str, leave: Callable[[str], tuple[int, int]], channel: Channel | None = None):
+    def __init__(
+        self, name: str, handle, sender: str, leave: Callable[[str], tuple[int, int]], channel: Channel | None = None
+    ):
         self.name = name
         self.link = CallerLink(handle, sender, channel)
         self.leave = leave

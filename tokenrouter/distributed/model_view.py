@@ -49,21 +49,37 @@ class ModelFacts:
         rows = model.get_input_embeddings().weight[:FINGERPRINT_ROWS].detach().to("cpu").clone()
         out = model.get_output_embeddings().weight
         return cls(
-            name=loaded.name, spec=loaded.spec, tokenizer=loaded.tokenizer,
-            dtype=str(loaded.dtype).removeprefix("torch."), device=str(loaded.device), vocab_size=loaded.vocab_size,
-            max_model_len=loaded.max_model_len, eos_token_ids=frozenset(loaded.eos_token_ids),
-            linear_kernel=loaded.linear_kernel, config=model.config, embedding_rows=rows,
-            output_shape=(int(out.shape[0]), int(out.shape[1])), capacity_tokens=capacity_tokens,
-            torch_threads=torch_threads, host=host,
-        )  # fmt: skip
+            name=loaded.name,
+            spec=loaded.spec,
+            tokenizer=loaded.tokenizer,
+            dtype=str(loaded.dtype).removeprefix("torch."),
+            device=str(loaded.device),
+            vocab_size=loaded.vocab_size,
+            max_model_len=loaded.max_model_len,
+            eos_token_ids=frozenset(loaded.eos_token_ids),
+            linear_kernel=loaded.linear_kernel,
+            config=model.config,
+            embedding_rows=rows,
+            output_shape=(int(out.shape[0]), int(out.shape[1])),
+            capacity_tokens=capacity_tokens,
+            torch_threads=torch_threads,
+            host=host,
+        )
 
     def loaded(self, spec: ModelSpec) -> LoadedModel:
         """The caller's `LoadedModel` of it; `spec` is the engine's own (with its placement)."""
         return LoadedModel(
-            name=self.name, spec=spec, model=ModelView(self), tokenizer=self.tokenizer,
-            dtype=getattr(torch, self.dtype), device=torch.device(self.device), vocab_size=self.vocab_size,
-            max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, linear_kernel=self.linear_kernel,
-        )  # fmt: skip
+            name=self.name,
+            spec=spec,
+            model=ModelView(self),
+            tokenizer=self.tokenizer,
+            dtype=getattr(torch, self.dtype),
+            device=torch.device(self.device),
+            vocab_size=self.vocab_size,
+            max_model_len=self.max_model_len,
+            eos_token_ids=self.eos_token_ids,
+            linear_kernel=self.linear_kernel,
+        )
 
 
 class _Weight(nn.Module):

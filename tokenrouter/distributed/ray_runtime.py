@@ -44,9 +44,11 @@ def acquire(address: str | None):
             if _ours:
                 _users += 1
             elif address == "local":
-                raise ConfigError("ray_address: 'local' starts a Ray instance, but this process is already connected to one")
+                raise ConfigError(
+                    "ray_address: 'local' starts a Ray instance, but this process is already connected to one"
+                )
             return ray
-        kwargs = dict(logging_level=logging.WARNING, configure_logging=False)
+        kwargs = {"logging_level": logging.WARNING, "configure_logging": False}
         try:
             if address == "local":
                 ray.init(address="local", include_dashboard=False, **kwargs)

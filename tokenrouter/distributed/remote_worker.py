@@ -77,7 +77,9 @@ class RemoteWorker:
             raise error(f"model {self.name!r} (in its Ray actor): {facts.message}")
         self.facts = facts
         self.host = facts.host
-        self.last_stats = ray.get(self.handle.stats.remote())  # what stats() says if the actor is lost before it is asked
+        self.last_stats = ray.get(
+            self.handle.stats.remote()
+        )  # what stats() says if the actor is lost before it is asked
         self._pump = threading.Thread(target=self._poll, name=f"tokenrouter-ray-pump-{self.name}", daemon=True)
         self._pump.start()
         return facts.loaded(self.spec)
@@ -193,7 +195,9 @@ class RemoteWorker:
                     return
                 except Exception as e:  # Ray itself is going away
                     self.lost = True
-                    self.fleet.lost(self.name, f"worker {self.name!r} died: its Ray actor is out of reach ({_short(e)})")
+                    self.fleet.lost(
+                        self.name, f"worker {self.name!r} died: its Ray actor is out of reach ({_short(e)})"
+                    )
                     return
                 self.on_batch(batch)
                 if self._stopped.is_set():

@@ -10,7 +10,7 @@ from .flashinfer_attention import unsupported_reason
 
 
 def choose_attention_backend(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """"flashinfer" or "torch". With attention_backend="auto" flashinfer wherever it runs (CUDA,
+    """ "flashinfer" or "torch". With attention_backend="auto" flashinfer wherever it runs (CUDA,
     float16/bfloat16, the `gpu` extra installed); asked for by name, it must run or loading fails."""
     if spec.attention_backend == "torch":
         return "torch"

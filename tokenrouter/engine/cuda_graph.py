@@ -44,7 +44,7 @@ def pad_decode(
     pad = size - n
     bs = meta.block_size
     dev = input_ids.device
-    long = dict(dtype=torch.long, device=dev)
+    long = {"dtype": torch.long, "device": dev}
     width = meta.decode_block_tables.shape[1] if n else 1
     tables = torch.full((pad, width), scratch_block, **long)
     mask = torch.zeros(pad, width * bs, dtype=torch.bool, device=dev)
@@ -73,9 +73,18 @@ def scratch_decode(size: int, scratch_block: int, block_size: int, device: torch
     """The inputs of a decode step of `size` scratch rows only: what graphs are captured on."""
     empty = torch.zeros(0, dtype=torch.long, device=device)
     meta = AttentionMetadata(
-        slot_mapping=empty, num_decode=0, decode_block_tables=None, decode_mask=None, decode_positions=None,
-        prefill_rows=[], prefill_slots=[], query_lens=[], context_lens=[], block_tables=[], block_size=block_size,
-    )  # fmt: skip
+        slot_mapping=empty,
+        num_decode=0,
+        decode_block_tables=None,
+        decode_mask=None,
+        decode_positions=None,
+        prefill_rows=[],
+        prefill_slots=[],
+        query_lens=[],
+        context_lens=[],
+        block_tables=[],
+        block_size=block_size,
+    )
     return pad_decode(empty, empty, meta, size, scratch_block)
 
 

@@ -120,7 +120,7 @@ class FlashInferPagedAttention(AttentionBackend):
             self.graph = None
             return
         if size not in self.graph_buffers:
-            i32 = dict(dtype=torch.int32, device=self.device)
+            i32 = {"dtype": torch.int32, "device": self.device}
             self.graph_buffers[size] = _DecodeGraphBuffers(
                 size,
                 qo_indptr=torch.arange(size + 1, **i32),
@@ -137,7 +137,7 @@ class FlashInferPagedAttention(AttentionBackend):
         host, nd = self._host, self._num_decode
         assert host is not None, "plan() runs before the step's forward"
         heads = (self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size)
-        common = dict(window_left=window_left, sm_scale=scale, q_data_type=self.dtype, kv_data_type=self.dtype)
+        common = {"window_left": window_left, "sm_scale": scale, "q_data_type": self.dtype, "kv_data_type": self.dtype}
         if nd:
             d = host.rows(0, nd)
             wrapper = self._decode_wrapper(key)

@@ -16,7 +16,9 @@ class KVLayout:
 
     @property
     def bytes_per_token(self) -> int:
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        return (
+            2 * self.num_layers * self.num_kv_heads * self.head_dim * torch.empty((), dtype=self.dtype).element_size()
+        )
 
     @classmethod
     def from_config(cls, config, dtype: torch.dtype) -> KVLayout:

@@ -21,10 +21,13 @@ def replace_linears(
     `build(linear, tied)`; returns how many."""
     shared = {id(p) for m in model.modules() if not isinstance(m, torch.nn.Linear) for p in m.parameters(recurse=False)}
     names = [
-        name for name, m in model.named_modules()
-        if type(m) is torch.nn.Linear and m.weight.dtype == torch.float32 and m.weight.device.type == "cpu"
+        name
+        for name, m in model.named_modules()
+        if type(m) is torch.nn.Linear
+        and m.weight.dtype == torch.float32
+        and m.weight.device.type == "cpu"
         and name.rpartition(".")[2] not in skip
-    ]  # fmt: skip
+    ]
     for name in names:
         owner, _, leaf = name.rpartition(".")
         parent = model.get_submodule(owner)

@@ -26,8 +26,17 @@ import torch
 from ..config import ModelSpec
 from ..errors import ConfigError
 from ..policies.base import (
-    ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy, StepResult, Verdict, VerifyResult, normalized_entropy,
-)  # fmt: skip
+    ENTROPY,
+    HIDDEN,
+    TOKEN_EMBEDDING,
+    PeerMessage,
+    Policy,
+    StepResult,
+    Verdict,
+    VerifyResult,
+    normalized_entropy,
+)
+from ..structured.matcher import MAX_ROLLBACK, GrammarState, allocate, apply_bitmask
 from .attention_choice import choose_attention_backend
 from .batch import ScheduledBatch
 from .block_manager import BlockManager
@@ -40,7 +49,6 @@ from .penalties import penalize_rows
 from .sampler import Sampler, SamplingTensors
 from .scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
-from ..structured.matcher import MAX_ROLLBACK, GrammarState, allocate, apply_bitmask
 from .torch_attention import TorchPagedAttention
 
 log = logging.getLogger(__name__)
@@ -185,14 +193,19 @@ class ModelCore:
                 self._release(seq)
             failed = refuse and error is not None and not req.aborted
             reason = "error" if failed else "abort"
-            out.events.append(WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=error if failed else None))
+            out.events.append(
+                WorkerEvent(req.request_id, [], self.name, finish_reason=reason, error=error if failed else None)
+            )
             out.releases.append(req.request_id)
             return
         held = len(seq.token_ids) if seq is not None else 0
         if seq is not None and msg.start < held and self.verifier_index is not None:
             held = self._supersede(seq, msg)  # a message is authoritative from its start: drop what it rolled back
         if not msg.start <= held <= msg.start + len(msg.tokens):  # a gap, or the sender knows less than us
-            error = f"hand-off from {msg.source!r} carries tokens [{msg.start}, {msg.start + len(msg.tokens)}) but {self.name!r} holds {held}"
+            error = (
+                f"hand-off from {msg.source!r} carries tokens [{msg.start}, {msg.start + len(msg.tokens)}) "
+                f"but {self.name!r} holds {held}"
+            )
             if seq is not None:
                 self._release(seq)
             out.events.append(WorkerEvent(req.request_id, [], self.name, finish_reason="error", error=error))
@@ -358,9 +371,12 @@ class ModelCore:
             chosen = [seqs[r] for r in penalized]
             index = torch.tensor(penalized, device=logits.device)
             rows_out = penalize_rows(
-                logits.index_select(0, index), [s.token_ids for s in chosen], [s.req.num_prompt_tokens for s in chosen],
-                [lengths[r] for r in penalized], [s.req.params for s in chosen],
-            )  # fmt: skip
+                logits.index_select(0, index),
+                [s.token_ids for s in chosen],
+                [s.req.num_prompt_tokens for s in chosen],
+                [lengths[r] for r in penalized],
+                [s.req.params for s in chosen],
+            )
             logits = logits.index_copy(0, index, rows_out)
         else:
             logits = logits.clone()
@@ -454,7 +470,9 @@ class ModelCore:
         self.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
         return keep, next_model
 
-    def _policy_route(self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor) -> tuple[list, list]:
+    def _policy_route(
+        self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor
+    ) -> tuple[list, list]:
         requires = self.policy.requires
         result = StepResult(
             model=self.name,
@@ -475,7 +493,8 @@ class ModelCore:
         n = len(seqs)
         if decision.keep.shape != (n,) or decision.next_model.shape != (n,):
             raise ValueError(
-                f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; expected ({n},)"
+                f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; "
+                f"expected ({n},)"
             )
         next_model = decision.next_model.tolist()
         if any(not 0 <= m < len(self.policy.models) for m in next_model):
@@ -483,9 +502,14 @@ class ModelCore:
         return decision.keep.tolist(), next_model
 
     def _apply(
-        self, seqs: list[Sequence], tokens: list[int], records: list | None, keep: list | None,
-        next_model: list | None, out: Outbox,
-    ):  # fmt: skip
+        self,
+        seqs: list[Sequence],
+        tokens: list[int],
+        records: list | None,
+        keep: list | None,
+        next_model: list | None,
+        out: Outbox,
+    ):
         for i, seq in enumerate(seqs):
             kept = keep is None or keep[i]
             target = self.model_index if next_model is None else next_model[i]
@@ -534,9 +558,15 @@ class ModelCore:
         out.events.append(ev)
         known = seq.peer_known.get(name, 0) if self.keep_kv_on_handoff else 0
         msg = PeerMessage(
-            seq.request_id, self.name, name, seq.token_ids[known:], start=known, stalls=seq.stalls,
-            confirmed=seq.num_confirmed, logprobs={p: r for p, r in seq.draft_logprobs.items() if p >= known},
-        )  # fmt: skip
+            seq.request_id,
+            self.name,
+            name,
+            seq.token_ids[known:],
+            start=known,
+            stalls=seq.stalls,
+            confirmed=seq.num_confirmed,
+            logprobs={p: r for p, r in seq.draft_logprobs.items() if p >= known},
+        )
         try:
             msg = self.policy.send(msg, seq.policy_state)
         except Exception as e:
@@ -600,12 +630,19 @@ class ModelCore:
             drafts[j, : counts[j]] = torch.tensor(seq.token_ids[seq.verify_start :])
             logits[j, : counts[j] + 1] = span
         result = VerifyResult(
-            model=self.name, model_index=self.model_index, request_ids=[s.request_id for s in seqs],
-            sources=[s.verify_source for s in seqs], start=torch.tensor([s.verify_start for s in seqs]),
-            num_drafts=torch.tensor(counts), drafts=drafts, logits=logits,
+            model=self.name,
+            model_index=self.model_index,
+            request_ids=[s.request_id for s in seqs],
+            sources=[s.verify_source for s in seqs],
+            start=torch.tensor([s.verify_start for s in seqs]),
+            num_drafts=torch.tensor(counts),
+            drafts=drafts,
+            logits=logits,
             num_generated=torch.tensor([s.verify_start - s.req.num_prompt_tokens for s in seqs]),
-            states=[s.policy_state for s in seqs], params=[s.req.params for s in seqs], seeds=[s.req.seed for s in seqs],
-        )  # fmt: skip
+            states=[s.policy_state for s in seqs],
+            params=[s.req.params for s in seqs],
+            seeds=[s.req.seed for s in seqs],
+        )
         verdict = self.policy.verify(result)
         n = len(seqs)
         if verdict.accept.shape != (n,) or (verdict.tokens is not None and verdict.tokens.shape != (n,)):
@@ -628,16 +665,23 @@ class ModelCore:
             if stop or start + j + 1 - req.num_prompt_tokens >= req.max_tokens:
                 self._release(seq)
                 out.releases.append(seq.request_id)
-                out.events.append(WorkerEvent(
-                    seq.request_id, accepted[: j + 1], source, num_cached_prompt=seq.num_cached_prompt,
-                    logprobs=None if records is None else records[: j + 1],
-                ))  # fmt: skip
+                out.events.append(
+                    WorkerEvent(
+                        seq.request_id,
+                        accepted[: j + 1],
+                        source,
+                        num_cached_prompt=seq.num_cached_prompt,
+                        logprobs=None if records is None else records[: j + 1],
+                    )
+                )
                 out.events.append(self._event(seq, finish_reason="stop" if stop else "length"))
                 return True
         if accepted:
-            out.events.append(WorkerEvent(
-                seq.request_id, list(accepted), source, num_cached_prompt=seq.num_cached_prompt, logprobs=records
-            ))  # fmt: skip
+            out.events.append(
+                WorkerEvent(
+                    seq.request_id, list(accepted), source, num_cached_prompt=seq.num_cached_prompt, logprobs=records
+                )
+            )
         return False
 
     # ---- bookkeeping -----------------------------------------------------------------------
@@ -662,9 +706,15 @@ class ModelCore:
         if seq.prompt_logprobs is not None and not seq.prompt_logprobs_sent and not seq.needs_prompt_logits:
             prompt, seq.prompt_logprobs_sent = [None, *seq.prompt_logprobs], True
         return WorkerEvent(
-            seq.request_id, tokens or [], self.name, num_fed=fed, num_cached_prompt=seq.num_cached_prompt,
-            logprobs=logprobs, prompt_logprobs=prompt, **kw,
-        )  # fmt: skip
+            seq.request_id,
+            tokens or [],
+            self.name,
+            num_fed=fed,
+            num_cached_prompt=seq.num_cached_prompt,
+            logprobs=logprobs,
+            prompt_logprobs=prompt,
+            **kw,
+        )
 
     def routing_counters(self) -> dict[str, float | dict[int, int]]:
         """Counters the throughput model reads (plain numbers, and steps by tokens computed; a

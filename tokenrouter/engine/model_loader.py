@@ -119,10 +119,17 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
     linear_kernel = quantized + _pack_linears(spec, model, dtype, device)
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
-        name=name, spec=spec, model=model, tokenizer=tokenizer, dtype=dtype, device=device, vocab_size=vocab_size,
-        max_model_len=_max_model_len(spec, model.config, tokenizer), eos_token_ids=_eos_ids(model, tokenizer),
+        name=name,
+        spec=spec,
+        model=model,
+        tokenizer=tokenizer,
+        dtype=dtype,
+        device=device,
+        vocab_size=vocab_size,
+        max_model_len=_max_model_len(spec, model.config, tokenizer),
+        eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
-    )  # fmt: skip
+    )
 
 
 def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:
@@ -154,7 +161,7 @@ def _usable_device(spec: ModelSpec) -> torch.device:
 
 
 def _quantize_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
-    """"int8+" if the linear layers were quantized (`spec.quantization`), else ""."""
+    """ "int8+" if the linear layers were quantized (`spec.quantization`), else ""."""
     if spec.quantization is None:
         return ""
     if not int8_linear.applies(device, dtype):

@@ -82,7 +82,9 @@ class ModelRunner:
         (a KV block no request owns). A model whose forward cannot be captured (a host sync in
         it, as in dynamic RoPE scaling) runs every step eagerly instead, with a warning."""
         pages = -(-self.loaded.max_model_len // self.block_size)
-        graphs = DecodeGraphs(self.run_model, self.backend, self.device, self.block_size, max_batch, scratch_block, pages)
+        graphs = DecodeGraphs(
+            self.run_model, self.backend, self.device, self.block_size, max_batch, scratch_block, pages
+        )
         try:
             graphs.capture()
         except Exception as e:
@@ -99,7 +101,9 @@ class ModelRunner:
         bs = self.block_size
         return block_table[positions // bs] * bs + positions % bs
 
-    def prepare(self, batch: ScheduledBatch) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[int]]:
+    def prepare(
+        self, batch: ScheduledBatch
+    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[int]]:
         dev = self.device
         bs = self.block_size
         ids: list[int] = []

@@ -6,8 +6,8 @@ import time
 
 from ..outputs import RequestOutput, StreamDelta
 from .detokenizer import IncrementalDetokenizer, StopStringMatcher
-from .sequence import Request
 from .events import WorkerEvent
+from .sequence import Request
 
 
 class OutputProcessor:

@@ -69,7 +69,14 @@ class PagedLayout:
     def to(self, device: torch.device | str) -> PagedLayout:
         if torch.device(device) == self.qo_indptr.device:
             return self
-        tensors = (self.qo_indptr, self.kv_indptr, self.kv_indices, self.kv_last_page_len, self.batch_indices, self.positions)
+        tensors = (
+            self.qo_indptr,
+            self.kv_indptr,
+            self.kv_indices,
+            self.kv_last_page_len,
+            self.batch_indices,
+            self.positions,
+        )
         return PagedLayout(*(t.to(device, non_blocking=True) for t in tensors), self.page_size)
 
     def rows(self, start: int, stop: int) -> PagedLayout:
@@ -88,5 +95,7 @@ class PagedLayout:
 
     def slots(self) -> torch.Tensor:
         """The cache slot (block * page_size + offset) each new token is written to."""
-        page = self.kv_indices[self.kv_indptr[self.batch_indices.long()].long() + self.positions.long() // self.page_size]
+        page = self.kv_indices[
+            self.kv_indptr[self.batch_indices.long()].long() + self.positions.long() // self.page_size
+        ]
         return page.long() * self.page_size + self.positions.long() % self.page_size

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
-from .block_manager import BlockManager
 from .batch import ScheduledBatch
+from .block_manager import BlockManager
 from .sequence import SeqStatus, Sequence
 
 

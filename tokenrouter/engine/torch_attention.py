@@ -34,13 +34,16 @@ class ShortExtends:
     @classmethod
     def of(cls, meta: AttentionMetadata) -> ShortExtends | None:
         picked = [
-            i for i, ((_, q_len, _), slots) in enumerate(zip(meta.prefill_rows, meta.prefill_slots))
+            i
+            for i, ((_, q_len, _), slots) in enumerate(zip(meta.prefill_rows, meta.prefill_slots))
             if slots is not None and q_len <= SHORT_EXTEND
-        ]  # fmt: skip
+        ]
         if len(picked) < 2:
             return None
         dev = meta.slot_mapping.device
-        starts, q_lens, ctx_lens = (torch.tensor(col, device=dev) for col in zip(*(meta.prefill_rows[i] for i in picked)))
+        starts, q_lens, ctx_lens = (
+            torch.tensor(col, device=dev) for col in zip(*(meta.prefill_rows[i] for i in picked))
+        )
         t = torch.arange(int(q_lens.max()), device=dev)
         valid = t[None, :] < q_lens[:, None]
         offset = torch.minimum(t[None, :], q_lens[:, None] - 1)  # padding: a copy of the last query
@@ -52,7 +55,9 @@ class ShortExtends:
         k_pos = torch.arange(width, device=dev)
         distance = q_pos[:, :, None] - k_pos[None, None, :]
         causal = (distance >= 0) & (k_pos[None, None, :] < ctx_lens[:, None, None])
-        return cls(frozenset(picked), starts[:, None] + offset, valid, slots.reshape(-1), causal[:, None], distance[:, None])
+        return cls(
+            frozenset(picked), starts[:, None] + offset, valid, slots.reshape(-1), causal[:, None], distance[:, None]
+        )
 
 
 class TorchPagedAttention(AttentionBackend):

@@ -76,7 +76,10 @@ class WorkerThread:
             if self.num_threads is not None:
                 own = forward_threads = self.num_threads
             elif self.core_share is not None:  # forwards run in the shared compute thread, on every core;
-                own, forward_threads = 1, self.core_share.cores  # this thread's ops (loading, sampling) stay off OpenMP teams
+                own, forward_threads = (
+                    1,
+                    self.core_share.cores,
+                )  # this thread's ops (loading, sampling) stay off OpenMP teams
             else:  # alone on the cores, whatever count the caller's threads set
                 own = forward_threads = usable_cores()
             use_threads(own)
@@ -343,4 +346,3 @@ class WorkerThread:
         out = Outbox()
         self.core.end_all("abort" if self.error is None else "error", self.error, out)
         self.deliver(out)
-

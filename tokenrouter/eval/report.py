@@ -26,7 +26,6 @@ from ..bench.report import pyplot, save_figure, write_table_and_plot
 from .results import RESULTS, ResultsFile, header
 
 
-
 @dataclass
 class Speed:
     """A system's speed-phase runs at one setting (C in flight over the first N problems)."""
@@ -198,7 +197,8 @@ def markdown(s: Summary) -> str:
         )
     lines.append("")
     header_row = (
-        f"| system | pass@1 | passed | output tokens /problem | tokens written {slash} | tokens processed {slash} /problem "
+        f"| system | pass@1 | passed | output tokens /problem | tokens written {slash} "
+        f"| tokens processed {slash} /problem "
         f"| steps {slash} /problem | hand-offs /problem | relative cost | output tok/s | p50 latency (s) "
         "| quality s/problem |"
     )
@@ -244,9 +244,11 @@ def markdown(s: Summary) -> str:
         elif len(counts) == 1:
             runs = f"the median of {counts[0]} runs per system (their range in parentheses), the systems taking turns"
         else:
-            runs = "the median of each system's runs (their range in parentheses; " + ", ".join(
-                f"{system} {len(sp.runs)}" for system, sp in speeds
-            ) + "), the systems taking turns"
+            runs = (
+                "the median of each system's runs (their range in parentheses; "
+                + ", ".join(f"{system} {len(sp.runs)}" for system, sp in speeds)
+                + "), the systems taking turns"
+            )
         runs_all = [r for _, sp in speeds for r in sp.runs]
         m = runs_all[-1].get("machine", {})
         dates = sorted({r["date"][:10] for r in runs_all})
@@ -308,12 +310,27 @@ Box = tuple[float, float, float, float]  # x0, y0, x1, y1, in points on the figu
 # side of the point it sits on: right, right a line down, left, left a line down, then ever more
 # lines up or down on either side (the far ones, drawn with a leader line, for crowded corners).
 LABEL_SLOTS: tuple[tuple[float, float, str], ...] = (
-    (5, 3, "left"), (5, -12, "left"), (-5, 3, "right"), (-5, -12, "right"),
-    (5, 13, "left"), (5, -22, "left"), (-5, 13, "right"), (-5, -22, "right"),
-    (5, 23, "left"), (5, -32, "left"), (-5, 23, "right"), (-5, -32, "right"),
-    (5, 33, "left"), (5, -42, "left"), (-5, 33, "right"), (-5, -42, "right"),
-    (5, -52, "left"), (-5, -52, "right"), (5, -62, "left"), (-5, -62, "right"),
-)  # fmt: skip
+    (5, 3, "left"),
+    (5, -12, "left"),
+    (-5, 3, "right"),
+    (-5, -12, "right"),
+    (5, 13, "left"),
+    (5, -22, "left"),
+    (-5, 13, "right"),
+    (-5, -22, "right"),
+    (5, 23, "left"),
+    (5, -32, "left"),
+    (-5, 23, "right"),
+    (-5, -32, "right"),
+    (5, 33, "left"),
+    (5, -42, "left"),
+    (-5, 33, "right"),
+    (-5, -42, "right"),
+    (5, -52, "left"),
+    (-5, -52, "right"),
+    (5, -62, "left"),
+    (-5, -62, "right"),
+)
 
 
 def label_box(anchor: tuple[float, float], size: tuple[float, float], slot: tuple[float, float, str]) -> Box:
@@ -368,8 +385,15 @@ def annotate_points(ax, names: list[str], pts: list[tuple[float, float]]) -> Non
         return (extent.x0 * to_pt, extent.y0 * to_pt, extent.x1 * to_pt, extent.y1 * to_pt)
 
     texts = [
-        ax.annotate(name, xy, textcoords="offset points", xytext=(0, 0), fontsize="small", va="bottom",
-                    arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 1, "shrinkB": 3})  # fmt: skip
+        ax.annotate(
+            name,
+            xy,
+            textcoords="offset points",
+            xytext=(0, 0),
+            fontsize="small",
+            va="bottom",
+            arrowprops={"arrowstyle": "-", "lw": 0.5, "color": "grey", "shrinkA": 1, "shrinkB": 3},
+        )
         for name, xy in zip(names, pts)
     ]
     sizes = [(b[2] - b[0], b[3] - b[1]) for b in (box(t.get_window_extent(renderer)) for t in texts)]
@@ -400,8 +424,15 @@ def plot(s: Summary, path: str | Path) -> Path | None:
         pts = [(getx(r), r.pass_at_1) for r in rows]
         front = set(pareto_front(pts, lower))
         for i, (r, (x, y)) in enumerate(zip(rows, pts)):
-            ax.scatter([x], [y], s=60 if i in front else 30, marker="o", zorder=3, color=colours[r.system],
-                       edgecolors="black" if i in front else "none")  # fmt: skip
+            ax.scatter(
+                [x],
+                [y],
+                s=60 if i in front else 30,
+                marker="o",
+                zorder=3,
+                color=colours[r.system],
+                edgecolors="black" if i in front else "none",
+            )
         line = sorted(pts[i] for i in front)
         if len(line) > 1:
             ax.plot([p[0] for p in line], [p[1] for p in line], "k--", lw=1, zorder=2, label="Pareto front")

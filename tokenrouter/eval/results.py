@@ -120,9 +120,11 @@ def model_fingerprint(path: str | Path) -> str:
     from each weight file (hashing gigabytes on every resume would take a minute)."""
     path = Path(path)
     h = hashlib.sha256()
-    files = [path] if path.is_file() else sorted(
-        p for p in path.iterdir() if p.suffix in (".safetensors", ".gguf", ".json") and p.is_file()
-    )  # fmt: skip
+    files = (
+        [path]
+        if path.is_file()
+        else sorted(p for p in path.iterdir() if p.suffix in (".safetensors", ".gguf", ".json") and p.is_file())
+    )
     for f in files:
         size = f.stat().st_size
         h.update(f"{f.name}:{size}\n".encode())

@@ -38,10 +38,10 @@ from ..bench.machine import machine_info
 from ..bench.metrics import percentile
 from ..config import ModelSpec, SamplingParams
 from ..errors import ConfigError, TokenRouterError
+from ..files import sha256_file
 from .data import Problem
 from .flops import describe, flops_per_token, parameter_counts
 from .prompt import PROMPT_VERSION, STOP, build_program, prompt_ids
-from ..files import sha256_file
 from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, header, model_fingerprint
 from .sandbox import Limits, run_program
 from .settings import EvalSettings
@@ -94,16 +94,25 @@ def run_record(plan: EvalPlan) -> dict:
     for name, path in plan.models.items():
         counts = parameter_counts(path)
         models[name] = {
-            "path": str(path), "fingerprint": model_fingerprint(path), "flops_per_token": flops_per_token(path),
-            "parameters": counts["total"], "embedding_parameters": counts["embedding"], "description": describe(path),
-        }  # fmt: skip
+            "path": str(path),
+            "fingerprint": model_fingerprint(path),
+            "flops_per_token": flops_per_token(path),
+            "parameters": counts["total"],
+            "embedding_parameters": counts["embedding"],
+            "description": describe(path),
+        }
     limits = plan.limits()
     return {
-        "type": "run", "format": FORMAT, "prompt_version": PROMPT_VERSION, "max_tokens": plan.settings.max_tokens,
-        "models": models, "data": plan.data,
+        "type": "run",
+        "format": FORMAT,
+        "prompt_version": PROMPT_VERSION,
+        "max_tokens": plan.settings.max_tokens,
+        "models": models,
+        "data": plan.data,
         "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
-        "created": _now(), "command": plan.command,
-    }  # fmt: skip
+        "created": _now(),
+        "command": plan.command,
+    }
 
 
 def prepare(plan: EvalPlan) -> list[dict]:
@@ -129,12 +138,19 @@ def _system_record(system: System, engine: Engine, plan: EvalPlan) -> dict:
         weights = Path(system.router) / "router.safetensors"
         router_sha = sha256_file(weights)[:16] if weights.is_file() else None
     return {
-        "type": "system", "system": system.label, "spec": system.spec, "kind": system.kind,
-        "policy": repr(engine.policy), "models": list(system.models), "value": system.value,
-        "router": system.router, "router_fingerprint": router_sha,
+        "type": "system",
+        "system": system.label,
+        "spec": system.spec,
+        "kind": system.kind,
+        "policy": repr(engine.policy),
+        "models": list(system.models),
+        "value": system.value,
+        "router": system.router,
+        "router_fingerprint": router_sha,
         "dtype": {m: str(engine.loaded[m].dtype).removeprefix("torch.") for m in system.models},
-        "device": plan.settings.device, "date": _now(),
-    }  # fmt: skip
+        "device": plan.settings.device,
+        "date": _now(),
+    }
 
 
 def _check_same_router(records: list[dict], rec: dict) -> None:
@@ -231,20 +247,33 @@ async def quality_phase(
         outcome = await anyio.to_thread.run_sync(run_program, program.code, limits, limiter=testing)
         now = _steps(engine)
         record = {
-            "type": "problem", "system": system.label, "task_id": problem.task_id, "passed": outcome.passed,
-            "status": outcome.status, "error": outcome.error, "completion": out.text, "mode": program.mode,
-            "finish_reason": out.finish_reason, "prompt_tokens": len(ids), "output_tokens": len(out.token_ids),
-            "tokens_by_model": out.tokens_per_model(), "tokens_processed": dict(out.tokens_processed),
-            "handoffs": out.num_handoffs, "latency_s": round(out.latency, 3), "test_s": round(outcome.duration_s, 3),
-            "steps_delta": _minus(now, last), "date": _now(),
-        }  # fmt: skip
+            "type": "problem",
+            "system": system.label,
+            "task_id": problem.task_id,
+            "passed": outcome.passed,
+            "status": outcome.status,
+            "error": outcome.error,
+            "completion": out.text,
+            "mode": program.mode,
+            "finish_reason": out.finish_reason,
+            "prompt_tokens": len(ids),
+            "output_tokens": len(out.token_ids),
+            "tokens_by_model": out.tokens_per_model(),
+            "tokens_processed": dict(out.tokens_processed),
+            "handoffs": out.num_handoffs,
+            "latency_s": round(out.latency, 3),
+            "test_s": round(outcome.duration_s, 3),
+            "steps_delta": _minus(now, last),
+            "date": _now(),
+        }
         last = now
         rf.append(record)
         done += 1
         passed += outcome.passed
         shares = " ".join(f"{m} {n}" for m, n in record["tokens_by_model"].items())
         say(
-            f"[{system.label}] {problem.task_id}: {outcome.status}{' (' + outcome.error[:60] + ')' if outcome.error else ''}"
+            f"[{system.label}] {problem.task_id}: {outcome.status}"
+            f"{' (' + outcome.error[:60] + ')' if outcome.error else ''}"
             f", {len(out.token_ids)} tokens ({shares}), {out.latency:.1f} s; {done}/{len(todo)} done, {passed} passed"
         )
 
@@ -252,10 +281,19 @@ async def quality_phase(
         for p in todo:
             tg.start_soon(one, p)
     wall = time.perf_counter() - t0
-    rf.append({"type": "segment", "system": system.label, "problems": len(todo), "wall_s": round(wall, 2),
-               "concurrency": plan.settings.concurrency, "date": _now()})  # fmt: skip
+    rf.append(
+        {
+            "type": "segment",
+            "system": system.label,
+            "problems": len(todo),
+            "wall_s": round(wall, 2),
+            "concurrency": plan.settings.concurrency,
+            "date": _now(),
+        }
+    )
     say(
-        f"[{system.label}] quality: {passed}/{len(todo)} passed in {wall:.0f} s ({wall / max(1, len(todo)):.1f} s per problem)"
+        f"[{system.label}] quality: {passed}/{len(todo)} passed in {wall:.0f} s "
+        f"({wall / max(1, len(todo)):.1f} s per problem)"
     )
 
 
@@ -295,13 +333,24 @@ async def speed_phase(engine: Engine, system: System, plan: EvalPlan, say: Calla
             tg.start_soon(client)
     wall = time.perf_counter() - t0
     record = {
-        "type": "speed", "system": system.label, "concurrency": c, "requests": len(prompts),
-        "problems": [p.task_id for p in problems], "wall_s": round(wall, 3), "output_tokens": tokens,
-        "tok_per_s": tokens / wall if wall > 0 else 0.0, "p50_s": percentile(latencies, 0.5),
-        "p99_s": percentile(latencies, 0.99), "tokens_by_model": by_model, "tokens_processed": processed,
-        "handoffs": handoffs, "steps": _minus(_steps(engine), before), "date": _now(), "machine": machine_info(),
+        "type": "speed",
+        "system": system.label,
+        "concurrency": c,
+        "requests": len(prompts),
+        "problems": [p.task_id for p in problems],
+        "wall_s": round(wall, 3),
+        "output_tokens": tokens,
+        "tok_per_s": tokens / wall if wall > 0 else 0.0,
+        "p50_s": percentile(latencies, 0.5),
+        "p99_s": percentile(latencies, 0.99),
+        "tokens_by_model": by_model,
+        "tokens_processed": processed,
+        "handoffs": handoffs,
+        "steps": _minus(_steps(engine), before),
+        "date": _now(),
+        "machine": machine_info(),
         "load_average": [round(load_before, 2), round(os.getloadavg()[0], 2)],
-    }  # fmt: skip
+    }
     plan.results.append(record)
     say(
         f"[{system.label}] speed: {record['tok_per_s']:.2f} output tok/s, p50 {record['p50_s']:.1f} s at C={c} "
@@ -314,10 +363,12 @@ def _speed_runs(records: list[dict], system: System, plan: EvalPlan) -> int:
     """Speed-phase runs of this system already recorded at this C and N."""
     n = len(plan.speed_problems)
     return sum(
-        r.get("type") == "speed" and r["system"] == system.label and r["concurrency"] == plan.settings.concurrency
+        r.get("type") == "speed"
+        and r["system"] == system.label
+        and r["concurrency"] == plan.settings.concurrency
         and r["requests"] == n
         for r in records
-    )  # fmt: skip
+    )
 
 
 def _rounds_owed(records: list[dict], plan: EvalPlan) -> dict[str, int]:
@@ -344,8 +395,10 @@ async def run_eval(plan: EvalPlan, say: Callable[[str], None] = lambda _: None) 
             say(f"{head}: every problem done, {speed}; skipped")
             continue
         skipped = len(plan.problems) - len(todo)
-        say(f"{head}: {len(todo)} problem(s) to run{f' ({skipped} already done)' if skipped else ''}"
-            f"{', then the speed phase' if measure else ''}; loading {', '.join(system.models)}")  # fmt: skip
+        say(
+            f"{head}: {len(todo)} problem(s) to run{f' ({skipped} already done)' if skipped else ''}"
+            f"{', then the speed phase' if measure else ''}; loading {', '.join(system.models)}"
+        )
         t0 = time.perf_counter()
         async with _loaded(system, plan) as engine:
             rec = _system_record(system, engine, plan)

@@ -247,8 +247,14 @@ def _probe(python: str, uid: int | None) -> str | None:
     try:
         done = subprocess.run(
             [python, "-I", "-S", "-B", "-c", "import sys, resource, json; assert sys.version_info >= (3, 8)"],
-            stdin=subprocess.DEVNULL, capture_output=True, timeout=30, cwd="/", env=_env("/"), check=False, **ids,
-        )  # fmt: skip
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            timeout=30,
+            cwd="/",
+            env=_env("/"),
+            check=False,
+            **ids,
+        )
     except (OSError, subprocess.SubprocessError) as e:
         return f"{type(e).__name__}: {e}"
     if done.returncode != 0:
@@ -351,9 +357,16 @@ def kill_uid(uid: int, timeout: float = 5.0) -> bool:
         try:
             subprocess.run(
                 [interpreter(uid), "-I", "-S", "-c", "import os; os.kill(-1, 9)"],
-                user=uid, group=uid, extra_groups=[], stdin=subprocess.DEVNULL, capture_output=True,
-                timeout=10, cwd="/", env=_env("/"), check=False,
-            )  # fmt: skip
+                user=uid,
+                group=uid,
+                extra_groups=[],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                timeout=10,
+                cwd="/",
+                env=_env("/"),
+                check=False,
+            )
         except (OSError, subprocess.SubprocessError):
             pass
         if time.monotonic() > deadline:
@@ -461,10 +474,15 @@ def run_program(code: str, limits: Limits | None = None) -> Outcome:
 
 def _run(python: str, program: str, work: str, uid: int | None, limits: Limits) -> Outcome:
     cfg = {
-        "program": program, "root": work, "memory": limits.memory_bytes, "cpu": limits.cpu_limit,
-        "fsize": limits.file_bytes, "nproc": limits.processes, "nofile": limits.open_files,
+        "program": program,
+        "root": work,
+        "memory": limits.memory_bytes,
+        "cpu": limits.cpu_limit,
+        "fsize": limits.file_bytes,
+        "nproc": limits.processes,
+        "nofile": limits.open_files,
         "hook": limits.audit_hook,
-    }  # fmt: skip
+    }
     ids = {} if uid is None else {"user": uid, "group": uid, "extra_groups": []}
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as verdict:
         cfg["fd"] = verdict.fileno()
@@ -472,9 +490,16 @@ def _run(python: str, program: str, work: str, uid: int | None, limits: Limits) 
         try:
             proc = subprocess.Popen(
                 [python, "-I", "-S", "-B", "-c", BOOTSTRAP, json.dumps(cfg)],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=err, pass_fds=(verdict.fileno(),),
-                cwd=work, env=_env(work), start_new_session=True, umask=0o077, **ids,
-            )  # fmt: skip
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                pass_fds=(verdict.fileno(),),
+                cwd=work,
+                env=_env(work),
+                start_new_session=True,
+                umask=0o077,
+                **ids,
+            )
         except OSError as e:
             raise SandboxError(f"cannot start {python} in the sandbox: {e}") from e
         timed_out = False

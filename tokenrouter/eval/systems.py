@@ -200,16 +200,29 @@ def parse_system(spec: str, models: Iterable[str]) -> list[System]:
             raise SpecError(spec, "router", f"{kind} takes no router")
         if kind == "speculative":
             for k in _draft_lengths(spec, values) if colon else ["auto"]:
-                systems.append(System(
-                    f"speculative:{k}", kind, lambda k=k: Speculative(k=k), ("small", "large"), spec,
-                    None if k == "auto" else float(k),
-                ))  # fmt: skip
+                systems.append(
+                    System(
+                        f"speculative:{k}",
+                        kind,
+                        lambda k=k: Speculative(k=k),
+                        ("small", "large"),
+                        spec,
+                        None if k == "auto" else float(k),
+                    )
+                )
         else:
             if not colon:
                 raise SpecError(spec, "point", "give FALLBACK/ROLLBACK, e.g. bild:0.6/5")
             for f, r in _bild_points(spec, values):
                 systems.append(
-                    System(f"bild:{f:g}/{r:g}", kind, lambda f=f, r=r: BiLD(fallback=f, rollback=r), ("small", "large"), spec, f)
+                    System(
+                        f"bild:{f:g}/{r:g}",
+                        kind,
+                        lambda f=f, r=r: BiLD(fallback=f, rollback=r),
+                        ("small", "large"),
+                        spec,
+                        f,
+                    )
                 )
     elif kind in LEARNED:
         if router is None:
@@ -230,10 +243,15 @@ def parse_system(spec: str, models: Iterable[str]) -> list[System]:
         for t in thresholds:
             systems.append(
                 System(
-                    f"{kind}:{t:.4g}@{directory.resolve().name}", kind,
-                    lambda cls=cls, d=directory, t=t: cls(d, threshold=t), ("small", "large"), spec, t, str(directory),
+                    f"{kind}:{t:.4g}@{directory.resolve().name}",
+                    kind,
+                    lambda cls=cls, d=directory, t=t: cls(d, threshold=t),
+                    ("small", "large"),
+                    spec,
+                    t,
+                    str(directory),
                 )
-            )  # fmt: skip
+            )
     else:
         make = _custom(spec, body)
         if router is not None:

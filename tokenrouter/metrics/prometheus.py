@@ -47,7 +47,9 @@ class PrometheusCollector:
         )
         handoffs = CounterMetricFamily(p + "handoffs", "Hand-offs between models of ended requests.")
         in_use = GaugeMetricFamily(p + "kv_blocks_in_use", "KV cache blocks held, per model.", labels=["model"])
-        capacity = GaugeMetricFamily(p + "kv_blocks_capacity", "KV cache blocks in the pool, per model.", labels=["model"])
+        capacity = GaugeMetricFamily(
+            p + "kv_blocks_capacity", "KV cache blocks in the pool, per model.", labels=["model"]
+        )
         held = GaugeMetricFamily(
             p + "worker_requests", "Requests a model's worker holds, by state.", labels=["model", "state"]
         )

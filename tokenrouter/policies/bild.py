@@ -26,7 +26,12 @@ class BiLD(Policy):
     requires = frozenset({VERIFY})
 
     def __init__(
-        self, fallback: float = 0.6, rollback: float = 5.0, small: str = "small", large: str = "large", max_draft: int = 32
+        self,
+        fallback: float = 0.6,
+        rollback: float = 5.0,
+        small: str = "small",
+        large: str = "large",
+        max_draft: int = 32,
     ):
         if isinstance(fallback, bool) or not isinstance(fallback, (int, float)) or not 0.0 <= fallback <= 1.0:
             raise ConfigError(f"BiLD: fallback must be a probability in [0, 1], got {fallback!r}")

@@ -68,7 +68,9 @@ def model_identity(model: torch.nn.Module) -> ModelIdentity:
     emb = model.get_input_embeddings().weight
     rows = emb[:16].detach().to("cpu", torch.float32).contiguous()
     digest = hashlib.sha256(rows.numpy().tobytes()).hexdigest()[:16]
-    return ModelIdentity(hidden_size=emb.shape[1], vocab_size=model.get_output_embeddings().weight.shape[0], fingerprint=digest)
+    return ModelIdentity(
+        hidden_size=emb.shape[1], vocab_size=model.get_output_embeddings().weight.shape[0], fingerprint=digest
+    )
 
 
 def router_features(

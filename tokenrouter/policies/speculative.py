@@ -110,7 +110,9 @@ class Speculative(Policy):
     def route(self, result: StepResult) -> Route:
         n = len(result)
         if result.model == self.draft:  # keep every draft; the k-th goes to the target
-            for state, p, seed, token, row in zip(result.states, result.params, result.seeds, result.tokens, result.logits):
+            for state, p, seed, token, row in zip(
+                result.states, result.params, result.seeds, result.tokens, result.logits
+            ):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])

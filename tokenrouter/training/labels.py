@@ -81,7 +81,11 @@ def _functions(body: list[ast.stmt]):
             yield node
         for attr in ("body", "orelse", "finalbody", "handlers", "cases"):
             inner = getattr(node, attr, None)
-            if isinstance(inner, list) and inner and isinstance(inner[0], (ast.stmt, ast.excepthandler, ast.match_case)):
+            if (
+                isinstance(inner, list)
+                and inner
+                and isinstance(inner[0], (ast.stmt, ast.excepthandler, ast.match_case))
+            ):
                 if isinstance(inner[0], ast.stmt):
                     yield from _functions(inner)
                 else:
@@ -144,28 +148,32 @@ def python_corpus(n: int, seed: int = 0) -> list[dict]:
 
 def _check_example(e, where: str, need_response: bool = True) -> dict:
     if not isinstance(e, Mapping):
-        raise ConfigError(f"{where}: expected an object with \"prompt\" and \"response\", got {type(e).__name__}")
+        raise ConfigError(f'{where}: expected an object with "prompt" and "response", got {type(e).__name__}')
     missing = [k for k in ("prompt", "response") if k not in e and (k == "prompt" or need_response)]
     if missing:
         raise ConfigError(f"{where}: missing {', '.join(repr(k) for k in missing)}")
     prompt, response = e["prompt"], e.get("response")
     if isinstance(prompt, str):
         if not prompt.strip():
-            raise ConfigError(f"{where}: \"prompt\" is empty")
+            raise ConfigError(f'{where}: "prompt" is empty')
     elif isinstance(prompt, list):
         if not prompt:
-            raise ConfigError(f"{where}: \"prompt\" is an empty list of messages")
+            raise ConfigError(f'{where}: "prompt" is an empty list of messages')
         for i, m in enumerate(prompt):
-            if not isinstance(m, Mapping) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
-                raise ConfigError(f"{where}: \"prompt\"[{i}] must be a chat message {{\"role\": str, \"content\": str}}")
+            if (
+                not isinstance(m, Mapping)
+                or not isinstance(m.get("role"), str)
+                or not isinstance(m.get("content"), str)
+            ):
+                raise ConfigError(f'{where}: "prompt"[{i}] must be a chat message {{"role": str, "content": str}}')
     else:
-        raise ConfigError(f"{where}: \"prompt\" must be a string or a list of chat messages, got {type(prompt).__name__}")
+        raise ConfigError(f'{where}: "prompt" must be a string or a list of chat messages, got {type(prompt).__name__}')
     if response is None and not need_response:
         return {"prompt": prompt, "response": None}
     if not isinstance(response, str):
-        raise ConfigError(f"{where}: \"response\" must be a string, got {type(response).__name__}")
+        raise ConfigError(f'{where}: "response" must be a string, got {type(response).__name__}')
     if not response:
-        raise ConfigError(f"{where}: \"response\" is empty")
+        raise ConfigError(f'{where}: "response" is empty')
     return {"prompt": prompt, "response": response}
 
 
@@ -205,7 +213,9 @@ def generate_responses(
                 messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
                 result = await engine.generate(messages, params)
                 if result.finish_reason not in ("stop", "length") or not result.text:
-                    raise ConfigError(f"example {i}: the model wrote no response ({result.finish_reason}: {result.error})")
+                    raise ConfigError(
+                        f"example {i}: the model wrote no response ({result.finish_reason}: {result.error})"
+                    )
                 out[i]["response"] = result.text
 
             async with anyio.create_task_group() as tg:
@@ -316,9 +326,14 @@ class Labels:
                 ModelEntry(name=n, path=p, identity=i, num_parameters=c)
                 for n, p, i, c in zip(self.model_names, self.model_paths, self.identities, self.num_parameters)
             ],
-            num_examples=self.num_examples, top_k=self.top_k, hidden_size=self.hidden_size, dtype=self.dtype,
-            max_tokens_per_example=self.max_tokens_per_example, source=self.source, summary=summary(self),
-        )  # fmt: skip
+            num_examples=self.num_examples,
+            top_k=self.top_k,
+            hidden_size=self.hidden_size,
+            dtype=self.dtype,
+            max_tokens_per_example=self.max_tokens_per_example,
+            source=self.source,
+            summary=summary(self),
+        )
 
     def save(self, directory: str | Path) -> Path:
         """Write `labels.safetensors` and `labels.json` into `directory` (created if needed)."""
@@ -338,7 +353,9 @@ class Labels:
             path, "labels", META_FILE, LABELS_FILE, LabelsMeta, "tokenrouter label"
         )
         if meta.version != VERSION:
-            raise ConfigError(f"labels: {meta_path} has format version {meta.version}; this tokenrouter reads {VERSION}")
+            raise ConfigError(
+                f"labels: {meta_path} has format version {meta.version}; this tokenrouter reads {VERSION}"
+            )
         missing = sorted(set(_TENSORS) - set(tensors))
         if missing:
             raise ConfigError(f"labels: {tensors_path} lacks the tensors {missing}")
@@ -435,7 +452,9 @@ def encode_example(tokenizer, example: Mapping, max_tokens: int | None) -> tuple
     elif isinstance(prompt, str):
         prompt_ids = tokenizer.encode(prompt, add_special_tokens=True)
     else:
-        raise ConfigError("label: chat-message prompts need a chat template, and the smallest model's tokenizer has none")
+        raise ConfigError(
+            "label: chat-message prompts need a chat template, and the smallest model's tokenizer has none"
+        )
     response_ids = tokenizer.encode(example["response"], add_special_tokens=False)
     if max_tokens is not None:
         response_ids = response_ids[:max_tokens]
@@ -517,9 +536,12 @@ def label(
                 raise ConfigError(f"label: {name!r} has {vocab} logits per token, fewer than the router's top-{top_k}")
         greedy, entropy = [], []
         bar = tqdm(
-            encoded, desc=f"labelling with {name} ({i + 1}/{m})", unit="example", file=sys.stderr,
+            encoded,
+            desc=f"labelling with {name} ({i + 1}/{m})",
+            unit="example",
+            file=sys.stderr,
             disable=None if progress else True,
-        )  # fmt: skip
+        )
         for prompt_ids, response_ids in bar:
             r = len(response_ids)
             if r == 0:

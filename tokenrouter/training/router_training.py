@@ -201,9 +201,12 @@ def train_router(
         loss_fn = nn.BCEWithLogitsLoss(pos_weight=pos_weight)
         net.train()
         bar = tqdm(
-            total=epochs * steps_per_epoch, desc=f"training {kind} router", unit="step", file=sys.stderr,
+            total=epochs * steps_per_epoch,
+            desc=f"training {kind} router",
+            unit="step",
+            file=sys.stderr,
             disable=None if progress else True,
-        )  # fmt: skip
+        )
         last = float("nan")
         for _ in range(epochs):
             order = torch.randperm(n, generator=g)
