@@ -71,7 +71,7 @@ from tokenrouter.bench.harness import measure
 from tokenrouter.bench.machine import CpuMeter, machine_info
 from tokenrouter.bench.metrics import percentile
 from tokenrouter.bench.workloads import Session
-from tokenrouter.engine.model_loader import load_tokenizer
+from tokenrouter.engine.model.loader import load_tokenizer
 
 NUM_THREADS = 2
 # The main thread stays at one torch thread and runs no multi-threaded op: with GNU OpenMP, a second
@@ -184,7 +184,7 @@ _WORDS = [
 # ---- prompts ---------------------------------------------------------------------------------
 def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     """n chat-formatted prompts (token ids, with the generation prompt), lengths about uniform in [lo, hi]."""
-    from tokenrouter.prompts import chat_ids
+    from tokenrouter.api.prompts import chat_ids
 
     rng = random.Random(seed)
     prompts = []

@@ -10,7 +10,7 @@ follow for each k, with no engine involved (bench_speculative.py measures the en
     python benchmarks/speculative_agreement.py --int8 --out benchmarks/results/speculative-int8/agreement.jsonl
 
 `--int8` also scores a copy of the small model with its linear layers in int8, as
-`ModelSpec(quantization="int8")` loads it (engine/int8_linear.py), on the same answers.
+`ModelSpec(quantization="int8")` loads it (engine/model/linear/int8.py), on the same answers.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import torch
 from bench_routing import TASKS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tokenrouter.prompts import chat_ids
+from tokenrouter.api.prompts import chat_ids
 from tokenrouter.store import ensure_model
 
 
@@ -57,7 +57,7 @@ def main() -> None:
     small = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
     drafters = {"": small}
     if args.int8:
-        from tokenrouter.engine.int8_linear import quantize_linears
+        from tokenrouter.engine.model.linear.int8 import quantize_linears
 
         drafters["int8_"] = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
         quantize_linears(drafters["int8_"])

@@ -51,7 +51,7 @@ MUTATIONS = [
     Mutation(
         "leaving-does-not-abort",
         "cancelling the caller's task or leaving a stream aborts the request everywhere",
-        "tokenrouter/api.py",
+        "tokenrouter/api/engine.py",
         "                if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere\n"
         "                    self._abort_everywhere(proc.req)\n",
         "                pass\n",
@@ -68,7 +68,7 @@ MUTATIONS = [
     Mutation(
         "close-forgets-requests",
         "closing the engine ends every request in flight",
-        "tokenrouter/engine/worker_thread.py",
+        "tokenrouter/engine/worker/thread.py",
         '        self.core.end_all("abort" if self.error is None else "error", self.error, out)\n',
         "        pass\n",
         ("tests/test_cancellation.py", "-k", "engine_exit"),
@@ -84,7 +84,7 @@ MUTATIONS = [
     Mutation(
         "dead-worker-accepts-requests",
         "with a worker gone, new requests get a clear error at once",
-        "tokenrouter/api.py",
+        "tokenrouter/api/engine.py",
         "            if not worker.alive:\n                raise EngineNotRunningError(",
         "            if False:\n                raise EngineNotRunningError(",
         ("tests/test_faults.py", "-k", "dead_worker"),
@@ -100,7 +100,7 @@ MUTATIONS = [
     Mutation(
         "output-failure-escapes",
         "a failure while building a request's output fails that request only",
-        "tokenrouter/api.py",
+        "tokenrouter/api/engine.py",
         "                    except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only\n",
         "                    except ZeroDivisionError as e:\n",
         ("tests/test_faults.py", "-k", "building_the_output"),
@@ -108,7 +108,7 @@ MUTATIONS = [
     Mutation(
         "stuck-close-strands-callers",
         "closing never hangs: requests on a worker that will not stop are ended",
-        "tokenrouter/api.py",
+        "tokenrouter/api/engine.py",
         '                channel.push(WorkerEvent(rid, [], stuck[0], finish_reason="abort", error=error))\n',
         "                pass\n",
         ("tests/test_faults.py", "-k", "stuck"),
@@ -137,7 +137,7 @@ MUTATIONS = [
     Mutation(
         "eviction-forgets-to-recompute",
         "under memory pressure, evicted requests recompute and outputs stay the same",
-        "tokenrouter/engine/block_manager.py",
+        "tokenrouter/engine/kv/block_manager.py",
         "        seq.block_table = []\n        seq.num_computed = 0\n",
         "        seq.block_table = []\n        seq.num_computed = min(seq.num_computed, 1)\n",
         ("tests/test_load.py", "tests/test_routing.py::test_eviction_of_pending_requests_keeps_outputs"),
@@ -145,7 +145,7 @@ MUTATIONS = [
     Mutation(
         "too-big-admitted",
         "a request that cannot fit even alone fails at once, saying what it needs and what the pool holds",
-        "tokenrouter/api.py",
+        "tokenrouter/api/engine.py",
         "            if need > holds:\n",
         "            if False:\n",
         ("tests/test_kv_pool.py",),
@@ -153,7 +153,7 @@ MUTATIONS = [
     Mutation(
         "channel-not-thread-safe",
         "several event loops in several threads can use one engine at once",
-        "tokenrouter/engine/request_channel.py",
+        "tokenrouter/api/request_channel.py",
         "            self._call_soon(self._set)\n",
         "            self._set()  # from the worker thread: not safe, and no wake-up\n",
         ("tests/test_concurrency.py", "-k", "several_event_loops"),
@@ -161,7 +161,7 @@ MUTATIONS = [
     Mutation(
         "nul-accepted",
         "bad input is refused before it reaches a worker",
-        "tokenrouter/prompts.py",
+        "tokenrouter/api/prompts.py",
         '"\\x00"',
         '"\\x01\\x02"',
         ("tests/test_bad_input.py",),
@@ -266,7 +266,7 @@ MUTATIONS = [
     Mutation(
         "rollback-keeps-the-cached-block",
         "a rolled-back position in a prefix-cached block is copied on write, never written in place",
-        "tokenrouter/engine/block_manager.py",
+        "tokenrouter/engine/kv/block_manager.py",
         "            if self.ref_counts[last] > 1 or self.block_keys[last] is not None:\n",
         "            if self.ref_counts[last] > 1:\n",
         ("tests/test_verifying.py", "-k", "never_changes_a_cached_block"),
@@ -293,7 +293,7 @@ MUTATIONS = [
     Mutation(
         "repetition-penalty-skips-the-prompt",
         "repetition_penalty counts prompt and output tokens, as transformers' processor does",
-        "tokenrouter/engine/penalties.py",
+        "tokenrouter/sampling/penalties.py",
         "    in_context.scatter_(1, torch.where(seen, tokens, vocab), True)\n",
         "    in_context.scatter_(1, torch.where(output, tokens, vocab), True)\n",
         ("tests/test_penalties.py", "-k", "row_by_row"),
@@ -301,7 +301,7 @@ MUTATIONS = [
     Mutation(
         "hidden-state-off",
         "the hidden state a policy sees is transformers' last hidden state",
-        "tokenrouter/engine/model_runner.py",
+        "tokenrouter/engine/model/runner.py",
         "        self.hidden = args[0]\n",
         "        self.hidden = args[0] * 1.001\n",
         ("tests/test_policy_rules.py", "-k", "hidden_state"),

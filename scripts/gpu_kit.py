@@ -94,7 +94,7 @@ KEEP_WHOLE = (
     "flashinfer/data/cutlass/",
     "flashinfer/data/spdlog/",
 )
-# The attention kernels tokenrouter's flashinfer backend asks for (engine/flashinfer_attention.py): bfloat16
+# The attention kernels tokenrouter's flashinfer backend asks for (engine/attention/flashinfer_paged.py): bfloat16
 # queries and pages, int32 indices, no positional encoding in the kernel, no logit soft cap. (head_dim,
 # sliding window) of the models the kit runs: the gpu tests' pair (64, with and without a window) and the
 # demo pair's shapes (small 64, large 128). Decode runs on tensor cores (GQA groups >= 4): the FA2 prefill

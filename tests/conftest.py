@@ -65,7 +65,7 @@ def ray_cluster():
     import ray
     from ray.cluster_utils import Cluster
 
-    from .ray_processes import descendants, wait_gone
+    from tests.ray_processes import descendants, wait_gone
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 4, "resources": SMALL_NODE})
     cluster.add_node(num_cpus=4, resources=LARGE_NODE)

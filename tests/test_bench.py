@@ -15,6 +15,9 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import holds_nothing, wait_all_free
+from tests.test_cli import run_cli
 from tokenrouter import Engine, ModelSpec, RStitch, store
 from tokenrouter.bench import (
     SIZES,
@@ -30,10 +33,6 @@ from tokenrouter.bench import (
 from tokenrouter.bench.report import write_report
 from tokenrouter.bench.workloads import PROMPT_TOKENS
 from tokenrouter.errors import ConfigError
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import holds_nothing, wait_all_free
-from .test_cli import run_cli
 
 
 def chat_tokens(tokenizer, messages) -> int:

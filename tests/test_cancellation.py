@@ -20,13 +20,12 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.inbox import HandOff
 from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.engine.worker.inbox import HandOff
 from tokenrouter.policies import Speculative
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
 
 K = 4  # the policy moves the request to the other model after every K tokens
 POLICY = EveryK(K)

@@ -13,11 +13,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
 from tokenrouter import SamplingParams, cli
 from tokenrouter.policies import RStitch
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .conftest import TINY_PAIR_TAU
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -168,7 +167,7 @@ def test_generate_json_equals_the_reference(capsys, tiny_pair):
     assert set(record) >= {"text", "token_ids", "token_models", "summary", "policy", "models"}
 
     from tokenrouter import ModelSpec
-    from tokenrouter.engine.model_loader import load_tokenizer
+    from tokenrouter.engine.model.loader import load_tokenizer
 
     prompt_ids = load_tokenizer(ModelSpec(path=tiny_pair["small"])).encode("The quick brown fox")
     ref = reference_generate(

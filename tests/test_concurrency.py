@@ -15,10 +15,9 @@ import trio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tests.helpers import EveryK, holds_nothing, wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .helpers import EveryK, holds_nothing, wait_all_free
 
 POLICY = EveryK(3)
 PROMPTS = [[3 + i, 40 + 7 * i, 90 + i, 200 - i, 17] for i in range(6)]

@@ -1,4 +1,4 @@
-"""Workers on CPU take turns (engine/core_share.py): first come first served, never two steps at
+"""Workers on CPU take turns (engine/worker/cpu_turns.py): first come first served, never two steps at
 once, every forward in the one compute thread, a stopping worker gives up waiting, and a fixed
 `num_threads` turns all of it off."""
 
@@ -10,12 +10,11 @@ import time
 import anyio
 import pytest
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import generate_all, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.core_share import CoreShare, usable_cores
+from tokenrouter.engine.worker.cpu_turns import CoreShare, usable_cores
 from tokenrouter.policies import RStitch
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import generate_all, wait_all_free, wait_until
 
 
 def test_turns_are_first_come_first_served():

@@ -23,13 +23,12 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import LARGE_NODE, SMALL_NODE
+from tests.helpers import EveryK, actor_node, generate_all, holds_nothing_anywhere, wait_all_free
+from tests.test_learned_policies import make_router
 from tokenrouter import ConfigError, Engine, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.policies import CITER
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .conftest import LARGE_NODE, SMALL_NODE
-from .helpers import EveryK, actor_node, generate_all, holds_nothing_anywhere, wait_all_free
-from .test_learned_policies import make_router
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)

@@ -22,12 +22,8 @@ import anyio
 import pytest
 import torch
 
-from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
-from tokenrouter.engine.inbox import HandOff
-from tokenrouter.testing import load_reference_models, reference_generate
-
-from .helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free
-from .test_cancellation import (
+from tests.helpers import RemoteStepGate, generate_all, hf_greedy, holds_nothing_anywhere, wait_all_free
+from tests.test_cancellation import (
     BYSTANDER,
     BYSTANDER_PROMPT,
     CASES,
@@ -38,6 +34,9 @@ from .test_cancellation import (
     parties,
     start_parties,
 )
+from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
+from tokenrouter.engine.worker.inbox import HandOff
+from tokenrouter.testing import load_reference_models, reference_generate
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}

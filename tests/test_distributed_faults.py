@@ -13,12 +13,11 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import EveryK, RemoteStepGate, generate_all, wait_until
+from tests.ray_processes import wait_gone
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.engine.sequence import SeqStatus
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .helpers import EveryK, RemoteStepGate, generate_all, wait_until
-from .ray_processes import wait_gone
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -141,7 +140,7 @@ def test_batches_sent_once_a_worker_is_down_say_so():
     arrive first (a fresh-clone run saw health() healthy after its requests had failed)."""
     from tokenrouter.distributed import wire
     from tokenrouter.distributed.actor import CallerQueue
-    from tokenrouter.engine.events import WorkerEvent
+    from tokenrouter.engine.worker.events import WorkerEvent
 
     class Channel:  # the direct channel's interface, keeping what was sent
         usable = True

@@ -5,9 +5,8 @@ import random
 import anyio
 import pytest
 
+from tests.helpers import hf_greedy, wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
-
-from .helpers import hf_greedy, wait_all_free
 
 
 def _workload(seed: int, n: int, vocab: int):

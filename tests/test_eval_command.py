@@ -10,10 +10,9 @@ import time
 
 import pytest
 
+from tests.test_eval import PROBLEMS, write_problems
 from tokenrouter.cli import eval_command as command
 from tokenrouter.eval.results import ResultsFile
-
-from .test_eval import PROBLEMS, write_problems
 
 
 def parse(argv):

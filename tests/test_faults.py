@@ -13,11 +13,10 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import EveryK, generate_all, holds_nothing, wait_all_free
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, SamplingParams
-from tokenrouter.engine import output_processor
+from tokenrouter.api import output_processor
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .helpers import EveryK, generate_all, holds_nothing, wait_all_free
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -171,7 +170,7 @@ def test_closing_never_hangs_on_a_stuck_worker(tiny_pair, caplog):
         assert engine.health().workers["large"].startswith("stuck")
         assert "did not stop within 0.3 s" in caplog.text
 
-    with caplog.at_level(logging.ERROR, logger="tokenrouter.api"):
+    with caplog.at_level(logging.ERROR, logger="tokenrouter.api.engine"):
         try:
             anyio.run(main)
         finally:

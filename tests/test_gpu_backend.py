@@ -14,20 +14,19 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import generate_all, holds_nothing
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
-from tokenrouter.engine.attention_choice import choose_attention_backend
-from tokenrouter.engine.batch import ScheduledBatch
-from tokenrouter.engine.cuda_graph import graph_batch_sizes, pad_decode
-from tokenrouter.engine.flashinfer_attention import import_flashinfer
-from tokenrouter.engine.kv_cache import KVCache, KVLayout
-from tokenrouter.engine.model_loader import load_model
-from tokenrouter.engine.model_runner import ModelRunner
-from tokenrouter.engine.paged_layout import PagedLayout
+from tokenrouter.engine.attention.choice import choose_attention_backend
+from tokenrouter.engine.attention.flashinfer_paged import import_flashinfer
+from tokenrouter.engine.attention.paged_layout import PagedLayout
+from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
+from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.model.cuda_graph import graph_batch_sizes, pad_decode
+from tokenrouter.engine.model.loader import load_model
+from tokenrouter.engine.model.runner import ModelRunner
+from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
-from tokenrouter.engine.torch_attention import TorchPagedAttention
 from tokenrouter.errors import ModelLoadError
-
-from .helpers import generate_all, holds_nothing
 
 BS = 4  # block size: small, so rows span several pages and partial last pages
 
@@ -324,7 +323,7 @@ class _FlashInferSemantics:
 
 @pytest.fixture
 def flashinfer_semantics(monkeypatch):
-    from tokenrouter.engine import flashinfer_attention
+    from tokenrouter.engine.attention import flashinfer_paged as flashinfer_attention
 
     monkeypatch.setattr(flashinfer_attention, "import_flashinfer", lambda: _FlashInferSemantics)
 
@@ -332,7 +331,7 @@ def flashinfer_semantics(monkeypatch):
 @pytest.mark.parametrize("window", [None, 5])
 def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfer_semantics, window):
     """A mixed step through the flashinfer backend, two layer kinds planned lazily, equals the torch backend."""
-    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
     runner, cache = _runner(tiny_model)
     batch = _mixed_step(runner, random.Random(4))
@@ -361,7 +360,7 @@ def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfe
 def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_model, flashinfer_semantics):
     """What a replay does, minus the capture: plan a padded decode step into a graph size's fixed
     buffers, then run; the real rows equal an eager step, whatever the buffers held before."""
-    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
     runner, cache = _runner(tiny_model, extra_blocks=1)
     scratch = cache.num_blocks - 1
@@ -410,7 +409,7 @@ def gpu_pair(tmp_path_factory, tokenizer):
 @needs_gpu
 @pytest.mark.parametrize("window", [None, 5])
 def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
-    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
     rng = random.Random(2)
     runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda")
@@ -438,8 +437,8 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
 def test_cuda_graph_replay_equals_eager(gpu_pair):
     """Replaying a captured decode step (padded to the next size) gives the eager step's logits, to
     bf16 rounding: flashinfer's graph kernels split the KV differently, so not bit for bit."""
-    from tokenrouter.engine.cuda_graph import DecodeGraphs
-    from tokenrouter.engine.flashinfer_attention import FlashInferPagedAttention
+    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+    from tokenrouter.engine.model.cuda_graph import DecodeGraphs
 
     rng = random.Random(3)
     loaded = load_model("m", ModelSpec(path=gpu_pair["small"], device="cuda", dtype="bfloat16"))

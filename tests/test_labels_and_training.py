@@ -14,8 +14,10 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.test_cli import pair_args, run_cli
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model_runner import HiddenCapture
+from tokenrouter.engine.model.runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, normalized_entropy
 from tokenrouter.policies.routers import (
     ModelIdentity,
@@ -34,9 +36,6 @@ from tokenrouter.training.router_training import (
     teacher_forced_eval,
     train_router,
 )
-
-from .conftest import TINY_PAIR_TAU
-from .test_cli import pair_args, run_cli
 
 POLICIES = {"citer": CITER, "r2r": R2R, "collm": CoLLM}
 MAX_TOKENS = 40  # response tokens labelled per example

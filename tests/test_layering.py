@@ -14,7 +14,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # Names of other modules that code here may use although they start with "_": oneDNN's linear
-# kernels have no public name in torch (engine/onednn_linear.py).
+# kernels have no public name in torch (engine/model/linear/onednn.py).
 ALLOWED_PRIVATE = {("torch.ops.mkldnn", "_reorder_linear_weight"), ("torch.ops.mkldnn", "_linear_pointwise")}
 
 

@@ -11,8 +11,10 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import generate_all, wait_all_free
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model_runner import HiddenCapture
+from tokenrouter.engine.model.runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, Escalation
 from tokenrouter.policies.routers import (
     RouterConfig,
@@ -23,9 +25,6 @@ from tokenrouter.policies.routers import (
     save_router,
 )
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import generate_all, wait_all_free
 
 POLICIES = {"citer": CITER, "r2r": R2R, "collm": CoLLM}
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)

@@ -21,6 +21,7 @@ import anyio
 import pytest
 import trio
 
+from tests.helpers import hf_greedy, wait_all_free
 from tokenrouter import (
     LLM,
     ConfigError,
@@ -31,8 +32,6 @@ from tokenrouter import (
     SamplingParams,
 )
 from tokenrouter.testing import build_tiny_model, build_tokenizer
-
-from .helpers import hf_greedy, wait_all_free
 
 ROOT = Path(__file__).resolve().parent.parent
 PROMPTS = [[5, 6, 7], [9, 10, 11, 12, 13], [40, 41]]

@@ -13,11 +13,10 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import holds_nothing, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
 from tokenrouter.testing import load_reference_models, reference_generate
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import holds_nothing, wait_all_free
 
 POLICY = RStitch(tau=TINY_PAIR_TAU)
 

@@ -10,10 +10,9 @@ import anyio
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import generate_all, hf_model, serve_all, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import generate_all, hf_model, serve_all, wait_all_free
 
 TOL = 1e-9
 FLOAT32_TOL = 2e-6  # generate's float32 scores: logits of a few units rounded to float32

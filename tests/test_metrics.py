@@ -19,10 +19,9 @@ import trio
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.helpers import EveryK, StepGate, wait_all_free
 from tokenrouter import LLM, Engine, ModelSpec, SamplingParams
 from tokenrouter.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, ModelMetrics, PrometheusCollector
-
-from .helpers import EveryK, StepGate, wait_all_free
 
 ROOT = Path(__file__).resolve().parent.parent
 LENGTHS = [3, 5, 7, 9]

@@ -7,10 +7,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import wait_all_free, wait_until
 
 BLOCK = 16
 

@@ -1,4 +1,4 @@
-"""Penalties (engine/penalties.py, applied in ModelCore._process_logits): transformers'
+"""Penalties (sampling/penalties.py, applied in ModelCore._process_logits): transformers'
 RepetitionPenaltyLogitsProcessor and vLLM's presence/frequency formulas, row by row on the same
 logits; rows that ask for none left bit for bit; greedy decoding under them equal to Hugging
 Face generate, also across hand-offs and with neighbours in the batch."""
@@ -12,14 +12,13 @@ import pytest
 import torch
 from transformers import RepetitionPenaltyLogitsProcessor
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import VllmPenalties, generate_all, hf_greedy_penalized, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
 from tokenrouter.engine.model_core import ModelCore
-from tokenrouter.engine.penalties import apply_penalties
 from tokenrouter.engine.sequence import Request, Sequence
 from tokenrouter.policies import Single
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import VllmPenalties, generate_all, hf_greedy_penalized, wait_all_free
+from tokenrouter.sampling.penalties import apply_penalties
 
 VOCAB = 40
 

@@ -10,9 +10,8 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from tests.helpers import wait_all_free
 from tokenrouter import Engine, SamplingParams, store
-
-from .helpers import wait_all_free
 
 pytestmark = [
     pytest.mark.real_model,

@@ -6,12 +6,11 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import EveryK, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import RStitch
 from tokenrouter.testing import build_tiny_model, load_reference_models, reference_generate
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import EveryK, wait_all_free, wait_until
 
 TAU = TINY_PAIR_TAU
 

@@ -6,10 +6,9 @@ import shutil
 import anyio
 import torch
 
+from tests.helpers import wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.sampler import Sampler, SamplingTensors, uniform_from
-
-from .helpers import wait_all_free
+from tokenrouter.sampling.sampler import Sampler, SamplingTensors, uniform_from
 
 
 def _tensors(n, **kw):

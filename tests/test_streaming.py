@@ -3,10 +3,9 @@
 import anyio
 import pytest
 
+from tests.helpers import wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.detokenizer import IncrementalDetokenizer
-
-from .helpers import wait_all_free
+from tokenrouter.api.detokenizer import IncrementalDetokenizer
 
 
 def test_incremental_detokenizer_never_splits_characters(tokenizer):

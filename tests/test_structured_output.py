@@ -13,12 +13,11 @@ import anyio
 import pytest
 from pydantic import BaseModel, Field
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import EveryK, serve_all
 from tokenrouter import Engine, InvalidRequestError, ModelSpec, RStitch, SamplingParams, Single
 from tokenrouter.config import Grammar, JsonSchema, Regex
 from tokenrouter.policies import Speculative
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import EveryK, serve_all
 
 SAMPLES = 100
 

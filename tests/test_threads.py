@@ -10,12 +10,11 @@ import anyio
 import pytest
 import torch
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.core_share import usable_cores
+from tokenrouter.engine.worker.cpu_turns import usable_cores
 from tokenrouter.policies import RStitch
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import generate_all
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[9 + i, 10, 11, 12] for i in range(4)]

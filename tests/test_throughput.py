@@ -11,6 +11,8 @@ import anyio
 import numpy as np
 import pytest
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import wait_all_free
 from tokenrouter import AutoBatchingOptions, ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.autobatch import latency_profile
 from tokenrouter.autobatch.throughput_model import (
@@ -26,9 +28,6 @@ from tokenrouter.autobatch.throughput_model import (
     transition_matrix,
 )
 from tokenrouter.policies import RStitch
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import wait_all_free
 
 SMALL = LatencyModel(a=0.010, s=0.001, k=0.0002)
 LARGE = LatencyModel(a=0.040, s=0.004, k=0.0008)

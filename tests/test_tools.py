@@ -13,12 +13,11 @@ import anyio
 import pytest
 from pydantic import BaseModel, ConfigDict
 
+from tests.conftest import TINY_PAIR_TAU
+from tests.helpers import EveryK, wait_all_free
 from tokenrouter import Engine, InvalidRequestError, ModelSpec, RStitch, SamplingParams, store
-from tokenrouter.prompts import chat_ids
-from tokenrouter.tools import HermesToolCallParser, check_tool_choice, normalize_tools
-
-from .conftest import TINY_PAIR_TAU
-from .helpers import EveryK, wait_all_free
+from tokenrouter.api.prompts import chat_ids
+from tokenrouter.api.tool_calls import HermesToolCallParser, check_tool_choice, normalize_tools
 
 ROOT = Path(__file__).resolve().parent.parent
 RECORDED = json.loads((Path(__file__).parent / "data" / "qwen25_tool_calls.json").read_text())

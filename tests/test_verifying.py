@@ -10,10 +10,9 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import generate_all, hf_greedy, hf_greedy_penalized, holds_nothing, penalized_logits, wait_all_free
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import BiLD, Speculative
-
-from .helpers import generate_all, hf_greedy, hf_greedy_penalized, holds_nothing, penalized_logits, wait_all_free
 
 K_VALUES = [1, 2, 4, 8, "auto"]
 
@@ -190,7 +189,7 @@ def _exact_two_tokens(model_path, prompt, params) -> dict[tuple[int, int], float
     """The target's exact distribution of its first two tokens under `params` (top-k keeps it small)."""
     from transformers import AutoModelForCausalLM
 
-    from tokenrouter.engine.sampler import Sampler, SamplingTensors
+    from tokenrouter.sampling.sampler import Sampler, SamplingTensors
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64).eval()
     sampler = Sampler()

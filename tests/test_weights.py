@@ -1,4 +1,4 @@
-"""Streaming a safetensors checkpoint into a model (engine/weights.py): the same model as
+"""Streaming a safetensors checkpoint into a model (engine/model/weights.py): the same model as
 `from_pretrained` builds, tensor for tensor, or None where it cannot stream (then the loader
 falls back to `from_pretrained`)."""
 
@@ -11,7 +11,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
-from tokenrouter.engine.weights import checkpoint_files, load_streaming
+from tokenrouter.engine.model.weights import checkpoint_files, load_streaming
 from tokenrouter.testing import build_tiny_model
 
 

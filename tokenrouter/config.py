@@ -300,7 +300,7 @@ class ModelSpec(BaseModel):
     quantization: Literal["int8"] | None = Field(
         None,
         description="'int8': the linear layers (but the MLP output projections) with int8 weights and "
-        "per-step int8 activations, CPU float32 only (engine/int8_linear.py): a decode step reads a "
+        "per-step int8 activations, CPU float32 only (engine/model/linear/int8.py): a decode step reads a "
         "quarter of the weight bytes. Lossy: meant for a draft model, whose tokens a verifying policy "
         "checks. None: the weights as loaded.",
     )

@@ -25,13 +25,13 @@ from pathlib import Path
 from anyio.from_thread import start_blocking_portal
 
 from .api import Engine
+from .api.prompts import Prompt
+from .api.tool_calls import ToolChoice
 from .config import ModelSpec, SamplingParams
 from .errors import EngineNotRunningError, InvalidRequestError
 from .metrics import EngineMetrics
 from .outputs import RequestOutput, StreamDelta
 from .policies import Policy
-from .prompts import Prompt
-from .tools import ToolChoice
 
 _TEXT = (str, bytes, bytearray, memoryview)
 _END = object()  # a stream's end, as a value in its queue

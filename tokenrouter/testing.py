@@ -203,7 +203,7 @@ def reference_generate(
     owns the request: no KV cache, no batching, no threads. The policy's `route`, `send` and
     `receive` are applied exactly as the engine applies them, and sampling uses the engine's
     sampler, so seeded sampling matches too. Penalties are applied to every position's logits
-    from the tokens before it (engine/penalties.py), before the policy sees them. EOS comes from
+    from the tokens before it (sampling/penalties.py), before the policy sees them. EOS comes from
     each model's generation_config.
 
     A verifying policy (VERIFY) runs as policies/base.py describes it: the drafters' tokens are
@@ -212,10 +212,8 @@ def reference_generate(
     accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
     next position.
     """
+    from .engine.model.runner import HiddenCapture
     from .engine.model_core import MAX_STALLS
-    from .engine.model_runner import HiddenCapture
-    from .engine.penalties import penalize_rows
-    from .engine.sampler import Sampler, SamplingTensors
     from .policies.base import (
         ENTROPY,
         HIDDEN,
@@ -225,6 +223,8 @@ def reference_generate(
         VerifyResult,
         normalized_entropy,
     )
+    from .sampling.penalties import penalize_rows
+    from .sampling.sampler import Sampler, SamplingTensors
 
     names = policy.models
     tokens = list(prompt_ids)

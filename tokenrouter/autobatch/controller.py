@@ -21,15 +21,15 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..engine.core_share import usable_cores
+from ..engine.worker.cpu_turns import usable_cores
 from . import latency_profile
 from .latency_profile import LatencyProfile
 from .throughput_model import RoutingStats, TableLatency, ThroughputPrediction, choose_b
 
 if TYPE_CHECKING:
     from ..config import AutoBatchingOptions, ModelSpec
-    from ..engine.model_loader import LoadedModel
-    from ..engine.worker_thread import WorkerThread
+    from ..engine.model.loader import LoadedModel
+    from ..engine.worker.thread import WorkerThread
     from ..policies import Policy
 
 log = logging.getLogger(__name__)

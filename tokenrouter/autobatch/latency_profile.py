@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..config import SamplingParams
-from ..engine.batch import ScheduledBatch
+from ..engine.sched.batch import ScheduledBatch
 from ..engine.sequence import Request, SeqStatus, Sequence
 from ..files import write_text_atomic
 from .throughput_model import LatencyModel, TableLatency, VerifyLatency

@@ -38,7 +38,7 @@ Why sigma matters: with workers on their own devices (sigma = 0) a worker that h
 loses time in this model, so B = 1 wins; what a hold buys is device time for the other model's
 steps and fewer, fuller steps of the holding one, which pays when the two share a device.
 
-Taking turns (`turns=True`; the engine's default for two models on one CPU, engine/core_share.py).
+Taking turns (`turns=True`; the engine's default for two models on one CPU, engine/worker/cpu_turns.py).
 The workers step one after the other, so a request handed off in a step is in the other
 model's very next step: within one cycle both models can serve it, which the chain above (steps
 overlapping in time) does not let happen. The turn-taking chain is over the steps themselves:

@@ -28,7 +28,7 @@ import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
-from ..engine.core_share import usable_cores
+from ..engine.worker.cpu_turns import usable_cores
 from ..errors import ConfigError, TokenRouterError
 from ..policies import Policy
 from .machine import machine_info

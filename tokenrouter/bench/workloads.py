@@ -26,9 +26,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from ..api.prompts import CHAT_ROLES, chat_ids
 from ..errors import ConfigError
 from ..jsonl import read_records
-from ..prompts import CHAT_ROLES, chat_ids
 
 BUILT_IN = ("short", "long", "agentic")
 SIZE_NAMES = ("cpu", "gpu")

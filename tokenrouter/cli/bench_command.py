@@ -219,7 +219,7 @@ def bench(args, argv: Sequence[str] | None) -> int:
     from ..bench.harness import run_bench
     from ..bench.report import markdown, write_report
     from ..config import ModelSpec
-    from ..engine.model_loader import load_tokenizer
+    from ..engine.model.loader import load_tokenizer
 
     cfg = bench_config(args)
     out_dir = Path(args.out or Path("bench_out") / time.strftime("%Y%m%d-%H%M%S"))

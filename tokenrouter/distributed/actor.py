@@ -32,9 +32,9 @@ import ray
 import torch
 
 from ..config import ModelSpec
-from ..engine.events import WorkerEvent
 from ..engine.model_core import ModelCore
 from ..engine.sequence import Request
+from ..engine.worker.events import WorkerEvent
 from ..errors import ConfigError, ModelLoadError
 from ..policies.base import Policy
 from . import wire

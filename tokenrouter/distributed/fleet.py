@@ -40,10 +40,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..config import EngineOptions, ModelSpec
-from ..engine.core_share import CoreShare
-from ..engine.events import Sink, WorkerEvent
 from ..engine.model_core import ModelCore
 from ..engine.sequence import Request
+from ..engine.worker.cpu_turns import CoreShare
+from ..engine.worker.events import Sink, WorkerEvent
 from ..errors import ConfigError, InvalidRequestError
 from ..policies.base import Policy
 from . import ray_runtime, wire

@@ -13,10 +13,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..engine.events import WorkerStats
 from ..engine.model_core import Outbox
 from ..engine.sequence import SeqStatus
-from ..engine.worker_thread import WorkerThread
+from ..engine.worker.events import WorkerStats
+from ..engine.worker.thread import WorkerThread
 
 
 class LinkedWorker(WorkerThread):

@@ -18,9 +18,9 @@ from concurrent.futures import Future
 from typing import TYPE_CHECKING
 
 from ..config import ModelSpec
-from ..engine.events import WorkerStats
-from ..engine.model_loader import LoadedModel
+from ..engine.model.loader import LoadedModel
 from ..engine.sequence import Request
+from ..engine.worker.events import WorkerStats
 from ..errors import ConfigError, ModelLoadError
 from . import wire
 from .links import CallerLink

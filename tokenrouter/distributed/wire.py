@@ -21,8 +21,8 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 
-from ..engine.events import WorkerEvent, WorkerStats
-from ..engine.inbox import Abort, HandOff, Release, Stop, Submit  # the messages of one process cross as they are
+from ..engine.worker.events import WorkerEvent, WorkerStats
+from ..engine.worker.inbox import Abort, HandOff, Release, Stop, Submit  # the messages of one process cross as they are
 
 
 @dataclass(frozen=True)

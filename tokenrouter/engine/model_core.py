@@ -36,20 +36,20 @@ from ..policies.base import (
     VerifyResult,
     normalized_entropy,
 )
+from ..sampling.logprobs import token_logprobs
+from ..sampling.penalties import penalize_rows
+from ..sampling.sampler import Sampler, SamplingTensors
 from ..structured.matcher import MAX_ROLLBACK, GrammarState, allocate, apply_bitmask
-from .attention_choice import choose_attention_backend
-from .batch import ScheduledBatch
-from .block_manager import BlockManager
-from .events import WorkerEvent
-from .kv_cache import KVCache, KVLayout
-from .logprobs import token_logprobs
-from .model_loader import LoadedModel, load_model
-from .model_runner import ForwardOutput, ModelRunner
-from .penalties import penalize_rows
-from .sampler import Sampler, SamplingTensors
-from .scheduler import Scheduler
+from .attention.choice import choose_attention_backend
+from .attention.torch_paged import TorchPagedAttention
+from .kv.block_manager import BlockManager
+from .kv.cache import KVCache, KVLayout
+from .model.loader import LoadedModel, load_model
+from .model.runner import ForwardOutput, ModelRunner
+from .sched.batch import ScheduledBatch
+from .sched.scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
-from .torch_attention import TorchPagedAttention
+from .worker.events import WorkerEvent
 
 log = logging.getLogger(__name__)
 
@@ -149,7 +149,7 @@ class ModelCore:
         self.blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
         self.scheduler = Scheduler(self.blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
         if self.attention_backend == "flashinfer":
-            from .flashinfer_attention import FlashInferPagedAttention
+            from .attention.flashinfer_paged import FlashInferPagedAttention
 
             heads = loaded.model.config.get_text_config().num_attention_heads
             backend = FlashInferPagedAttention(self.cache, heads, loaded.device)
@@ -357,7 +357,7 @@ class ModelCore:
         """The one place where a request's logits are changed, before anything reads them: the
         sampler, `route`, `verify` and the logprobs. Row r holds seqs[r]'s next-token logits after
         its first lengths[r] tokens (default: all it holds; a check's rows, one per position, each
-        count only what precedes them). First the penalties (engine/penalties.py), then a
+        count only what precedes them). First the penalties (sampling/penalties.py), then a
         grammar's mask (structured/matcher.py: the row's matcher moved to that position, -inf
         where the grammar forbids). Rows that ask for nothing are left bit for bit, and when none
         asks the tensor itself comes back."""

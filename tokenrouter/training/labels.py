@@ -41,12 +41,12 @@ from typing import Literal
 import torch
 from pydantic import BaseModel, ConfigDict, Field
 
+from ..api.prompts import chat_ids
 from ..errors import ConfigError
 from ..files import atomic_path, write_text_atomic
 from ..jsonl import read_records
 from ..policies.base import normalized_entropy
 from ..policies.routers import R2R_TOP_K, ModelIdentity, model_identity, read_saved
-from ..prompts import chat_ids
 
 LABELS_FILE = "labels.safetensors"
 META_FILE = "labels.json"
@@ -423,7 +423,7 @@ def _resolve(name: str, where) -> Path:
 
 def _load_tokenizer(path: Path):
     from ..config import ModelSpec
-    from ..engine.model_loader import load_tokenizer
+    from ..engine.model.loader import load_tokenizer
 
     return load_tokenizer(ModelSpec(path=path))
 
@@ -431,7 +431,7 @@ def _load_tokenizer(path: Path):
 def _load_model(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from ..engine.model_loader import locate_checkpoint
+    from ..engine.model.loader import locate_checkpoint
     from ..errors import ModelLoadError
 
     directory, gguf = locate_checkpoint(path)
@@ -464,7 +464,7 @@ def encode_example(tokenizer, example: Mapping, max_tokens: int | None) -> tuple
 @torch.inference_mode()
 def _teacher_force(model, ids: list[int], num_response: int, features: bool):
     """Logits (and the head's input) predicting each of the last `num_response` tokens."""
-    from ..engine.model_runner import HiddenCapture
+    from ..engine.model.runner import HiddenCapture
 
     capture = HiddenCapture(model) if features else None
     try:

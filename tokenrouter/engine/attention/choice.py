@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from ..config import ModelSpec
-from ..errors import ModelLoadError
-from .flashinfer_attention import unsupported_reason
+from ...config import ModelSpec
+from ...errors import ModelLoadError
+from .flashinfer_paged import unsupported_reason
 
 
 def choose_attention_backend(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:

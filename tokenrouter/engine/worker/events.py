@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..policies.base import PeerMessage
+from ...policies.base import PeerMessage
 
 
 @dataclass
@@ -56,7 +56,7 @@ class WorkerStats:
     alive: bool
     error: str | None
     batch_min: int = 1  # B in force (delayed batching)
-    time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/core_share.py)
+    time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/worker/cpu_turns.py)
     attention_backend: str = ""  # "torch" or "flashinfer" (ModelSpec.attention_backend)
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
     torch_threads: int | None = None  # torch threads the forwards are meant to run on

@@ -19,7 +19,7 @@ import warnings
 
 import torch
 
-from .linear_replace import replace_linears
+from .replace import replace_linears
 
 # leaf names of MLP output projections: Llama, Qwen, Mistral, Gemma, Phi-3 (down_proj); OPT, Phi
 # (fc2); Mixtral's experts (w2); GPT-NeoX (dense_4h_to_h)

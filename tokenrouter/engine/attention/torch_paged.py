@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from .attention import AttentionBackend, AttentionMetadata
-from .kv_cache import KVCache
+from ..kv.cache import KVCache
+from .backend import AttentionBackend, AttentionMetadata
 
 SHORT_EXTEND = 16  # extend rows of at most this many new tokens (after a cached prefix) are batched
 

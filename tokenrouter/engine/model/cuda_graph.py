@@ -15,10 +15,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from .attention import AttentionMetadata
+from ..attention.backend import AttentionMetadata
 
 if TYPE_CHECKING:
-    from .flashinfer_attention import FlashInferPagedAttention
+    from ..attention.flashinfer_paged import FlashInferPagedAttention
 
 # (input ids, positions, planned metadata, rows to keep: 0 = all) -> (logits, hidden or None)
 RunModel = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, int], tuple[torch.Tensor, torch.Tensor | None]]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from .errors import InvalidRequestError
+from ..errors import InvalidRequestError
 
 ChatMessage = Mapping[str, object]
 Prompt = str | Sequence[int] | Sequence[ChatMessage]

@@ -12,8 +12,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ..policies.base import PeerMessage
-from .sequence import Request
+from ...policies.base import PeerMessage
+from ..sequence import Request
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,8 @@ import re
 import uuid
 from collections.abc import Mapping, Sequence
 
-from .errors import InvalidRequestError
-from .outputs import ToolCall
+from ..errors import InvalidRequestError
+from ..outputs import ToolCall
 
 ToolChoice = str | Mapping
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")

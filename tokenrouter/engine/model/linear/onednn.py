@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from .linear_replace import replace_linears
+from .replace import replace_linears
 
 # oneDNN's kernels for one or two rows are slower here than for four (AVX2, measured per layer and
 # per step), so smaller inputs are padded with zero rows up to this many.

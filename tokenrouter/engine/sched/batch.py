@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 @dataclass

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections import OrderedDict, deque
 
+from ..kv.block_manager import BlockManager
+from ..sequence import SeqStatus, Sequence
 from .batch import ScheduledBatch
-from .block_manager import BlockManager
-from .sequence import SeqStatus, Sequence
 
 
 class PoolTooSmall(Exception):

@@ -35,7 +35,7 @@ class AttentionMetadata:
     # prefill/extend rows: (token start, query length, context length) and context slots
     prefill_rows: list[tuple[int, int, int]]
     prefill_slots: list[torch.Tensor | None]  # None: no cached prefix, attend to fresh K/V only
-    # the same rows as pages, for backends that plan over the block tables (engine/paged_layout.py)
+    # the same rows as pages, for backends that plan over the block tables (engine/attention/paged_layout.py)
     query_lens: list[int]  # new tokens of each row
     context_lens: list[int]  # tokens each row attends to once its new ones are written
     block_tables: list[list[int]]  # each row's block ids (at least ceil(context_len / block_size))

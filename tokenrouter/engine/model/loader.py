@@ -14,9 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..config import ModelSpec
-from ..errors import ModelLoadError
-from . import attention, int8_linear, onednn_linear
+from ...config import ModelSpec
+from ...errors import ModelLoadError
+from ..attention import backend as attention
+from .linear import int8 as int8_linear
+from .linear import onednn as onednn_linear
 from .weights import load_streaming
 
 _DTYPES = {
@@ -38,8 +40,8 @@ class LoadedModel:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
-    # "onednn" when the linear layers were packed (engine/onednn_linear.py); "int8+onednn" or
-    # "int8+torch" when quantized (engine/int8_linear.py), the kept float32 ones on the named kernel
+    # "onednn" when the linear layers were packed (engine/model/linear/onednn.py); "int8+onednn" or
+    # "int8+torch" when quantized (engine/model/linear/int8.py), the kept float32 ones on the named kernel
     linear_kernel: str = "torch"
 
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata, step_context
-from .batch import ScheduledBatch
-from .core_share import use_threads
+from ..attention.backend import AttentionBackend, AttentionMetadata, step_context
+from ..sched.batch import ScheduledBatch
+from ..worker.cpu_turns import use_threads
 from .cuda_graph import DecodeGraphs
-from .model_loader import LoadedModel
+from .loader import LoadedModel
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class ModelRunner:
         self.block_size = block_size
         self.device = loaded.device
         self.capture = HiddenCapture(loaded.model) if capture_hidden else None
-        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/cuda_graph.py)
+        self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/model/cuda_graph.py)
 
     def capture_graphs(self, max_batch: int, scratch_block: int) -> None:
         """CUDA graphs of pure-decode steps up to `max_batch` rows, padded onto `scratch_block`

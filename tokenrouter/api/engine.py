@@ -17,27 +17,27 @@ import anyio
 import torch
 from pydantic import ValidationError
 
-from .autobatch.controller import AutoBatching, profile_workers
-from .autobatch.latency_profile import LatencyProfile
-from .autobatch.throughput_model import ThroughputPrediction
-from .config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
-from .engine.core_share import CoreShare, usable_cores
-from .engine.events import WorkerEvent, WorkerStats
-from .engine.lockstep import LockstepDriver
-from .engine.model_core import ModelCore
-from .engine.model_loader import LoadedModel
-from .engine.output_processor import OutputProcessor
-from .engine.request_channel import RequestChannel
-from .engine.sequence import Request
-from .engine.worker_thread import WorkerThread
-from .errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
-from .metrics import EngineMetrics, ModelMetrics
-from .metrics.recorder import RequestMetrics
-from .outputs import RequestOutput, StreamDelta
-from .policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
+from ..autobatch.controller import AutoBatching, profile_workers
+from ..autobatch.latency_profile import LatencyProfile
+from ..autobatch.throughput_model import ThroughputPrediction
+from ..config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
+from ..engine.model.loader import LoadedModel
+from ..engine.model_core import ModelCore
+from ..engine.sequence import Request
+from ..engine.worker.cpu_turns import CoreShare, usable_cores
+from ..engine.worker.events import WorkerEvent, WorkerStats
+from ..engine.worker.lockstep import LockstepDriver
+from ..engine.worker.thread import WorkerThread
+from ..errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
+from ..metrics import EngineMetrics, ModelMetrics
+from ..metrics.recorder import RequestMetrics
+from ..outputs import RequestOutput, StreamDelta
+from ..policies import HIDDEN, STEP_FIELDS, VERIFY, Policy, RStitch, Single
+from ..structured.compiler import GrammarCompiler
+from .output_processor import OutputProcessor
 from .prompts import Prompt, encode_prompt
-from .structured.compiler import GrammarCompiler
-from .tools import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
+from .request_channel import RequestChannel
+from .tool_calls import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
 
 log = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ def _first_error(e: ValidationError) -> str:
 
 def _default_models(policy: Policy) -> dict[str, ModelSpec]:
     """The demo pair from the store, for a policy that names its models "small" and "large"."""
-    from . import store
+    from .. import store
 
     if not isinstance(policy, Policy):
         raise ConfigError(f"policy: must be a Policy, got {type(policy).__name__}")
@@ -124,7 +124,7 @@ class Engine:
     - `policy`: the routing policy; default `Single(name)` when there is one model.
     - `num_threads`: if given, torch's intra-op thread count of each worker thread (the caller's
       own thread is left alone). None: workers on CPU take turns, each step alone on every core
-      (`engine/core_share.py`); a worker with nothing to do costs the others nothing.
+      (`engine/worker/cpu_turns.py`); a worker with nothing to do costs the others nothing.
     - `delayed_batching`: B, one int or per model: a worker waits (at most `batch_wait_s`) until
       B requests are ready before it steps, so hand-offs do not fragment batches. None: B = 1.
       "auto": B from the throughput model (`autobatch/throughput_model.py`): the engine profiles each
@@ -253,7 +253,7 @@ class Engine:
                 if getattr(self.options, name) is not None:
                     raise ConfigError(f"{name}: no model has a placement (ModelSpec(placement=RayPlacement(...)))")
             return
-        from .distributed.ray_runtime import ray_installed
+        from ..distributed.ray_runtime import ray_installed
 
         if not ray_installed():
             raise ConfigError(f"models[{self.placed[0]!r}].placement: needs Ray: pip install 'tokenrouter[ray]'")
@@ -338,7 +338,7 @@ class Engine:
     async def _launch_fleet(self, share: CoreShare | None) -> dict:
         """Connect to Ray and create the actors of the placed models (and the workers of the
         others, which then talk to them): distributed/fleet.py."""
-        from .distributed import Fleet
+        from ..distributed import Fleet
 
         self._fleet = Fleet(
             self.specs, self.policy, self.options, self.batch_min, self._dispatch, self._in_flight, share

@@ -24,12 +24,12 @@ from typing import Any
 
 import torch
 
-from .core_share import CoreShare, usable_cores, use_threads
+from ..model.loader import LoadedModel
+from ..model_core import ModelCore, Outbox
+from ..sequence import Request
+from .cpu_turns import CoreShare, usable_cores, use_threads
 from .events import Sink, WorkerStats
 from .inbox import Abort, Call, HandOff, Inbox, Message, Release, Stop, Submit
-from .model_core import ModelCore, Outbox
-from .model_loader import LoadedModel
-from .sequence import Request
 
 log = logging.getLogger(__name__)
 
@@ -323,7 +323,7 @@ class WorkerThread:
             future.set_exception(e)
 
     def _take_turn(self) -> bool:
-        """On a shared CPU, wait for the other workers' steps (engine/core_share.py); False if stopping."""
+        """On a shared CPU, wait for the other workers' steps (engine/worker/cpu_turns.py); False if stopping."""
         if self.core_share is None:
             return True
         t0 = time.perf_counter()

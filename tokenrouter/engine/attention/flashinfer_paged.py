@@ -6,7 +6,7 @@ append and runs two wrappers over the same pages: the batch-decode kernel for th
 layer's sliding window and scale, so the backend keeps one wrapper pair per (window, scale) it
 has seen; most models have one.
 
-For CUDA graphs (engine/cuda_graph.py) the backend also keeps, per captured batch size, decode
+For CUDA graphs (engine/model/cuda_graph.py) the backend also keeps, per captured batch size, decode
 wrappers over fixed index buffers: `plan` copies the step's pages into them before a replay, and
 the captured append and attention kernels read them there.
 """
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .attention import AttentionBackend, AttentionMetadata
-from .kv_cache import KVCache
+from ..kv.cache import KVCache
+from .backend import AttentionBackend, AttentionMetadata
 from .paged_layout import PagedLayout
 
 WORKSPACE_BYTES = 128 << 20  # flashinfer's float workspace (split-KV partial results), per worker

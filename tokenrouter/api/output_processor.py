@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import time
 
+from ..engine.sequence import Request
+from ..engine.worker.events import WorkerEvent
 from ..outputs import RequestOutput, StreamDelta
 from .detokenizer import IncrementalDetokenizer, StopStringMatcher
-from .events import WorkerEvent
-from .sequence import Request
 
 
 class OutputProcessor:

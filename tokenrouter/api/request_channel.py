@@ -11,7 +11,7 @@ from collections import deque
 
 import anyio
 
-from .events import WorkerEvent
+from ..engine.worker.events import WorkerEvent
 
 
 class RequestChannel:

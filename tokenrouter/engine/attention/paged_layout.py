@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .attention import AttentionMetadata
+from .backend import AttentionMetadata
 
 
 @dataclass

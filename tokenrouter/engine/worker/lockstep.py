@@ -13,7 +13,7 @@ import threading
 
 import torch
 
-from .worker_thread import WorkerThread
+from .thread import WorkerThread
 
 
 class LockstepDriver:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
-from .sequence import Sequence
+from ..sequence import Sequence
 
 
 class BlockManager:
