@@ -41,11 +41,11 @@ MUTATIONS = [
         "an abort frees the request's KV on every worker, pending copies included",
         "tokenrouter/engine/model_core.py",
         "            owner = seq.status is not SeqStatus.PENDING\n"
-        "            self._release(seq)\n"
+        "            self.drop(seq)\n"
         "            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
-        "                self._release(seq)\n",
+        "                self.drop(seq)\n",
         ("tests/test_cancellation.py", "-k", "pending_at_peer"),
     ),
     Mutation(
@@ -117,9 +117,9 @@ MUTATIONS = [
         "ends-twice",
         "every request ends exactly once",
         "tokenrouter/engine/model_core.py",
-        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n",
-        "        out.events.append(self._event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n"
-        "        out.events.append(self._event(seq, [], finish_reason=reason, error=error))\n",
+        "        out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n",
+        "        out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n"
+        "        out.events.append(self.event(seq, [], finish_reason=reason, error=error))\n",
         ("tests/test_load.py",),
     ),
     Mutation(
@@ -127,11 +127,11 @@ MUTATIONS = [
         "random interleavings keep every invariant (here: pools end free)",
         "tokenrouter/engine/model_core.py",
         "            owner = seq.status is not SeqStatus.PENDING\n"
-        "            self._release(seq)\n"
+        "            self.drop(seq)\n"
         "            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
-        "                self._release(seq)\n",
+        "                self.drop(seq)\n",
         ("tests/test_concurrency.py", "-k", "interleavings"),
     ),
     Mutation(
@@ -275,8 +275,8 @@ MUTATIONS = [
         "check-rows-unpenalized",
         "a verifier's rows of a check are penalized with the tokens before each, "
         "so Speculative is lossless under penalties",
-        "tokenrouter/engine/model_core.py",
-        "        spans = self._process_spans([seqs[i] for i in checks], "
+        "tokenrouter/engine/verify.py",
+        "        spans = step_logits.process_spans([seqs[i] for i in checks], "
         "[fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
         "        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]\n",
         ("tests/test_verifying.py", "-k", "penalized_large_model and 2"),
@@ -309,9 +309,9 @@ MUTATIONS = [
     Mutation(
         "one-worker-skips-the-grammar",
         "a constrained request's output follows its grammar whichever model writes",
-        "tokenrouter/engine/model_core.py",
-        "        constrained = [r for r in rows if seqs[r].req.grammar is not None]\n",
-        '        constrained = [r for r in rows if seqs[r].req.grammar is not None and self.name != "large"]\n',
+        "tokenrouter/engine/logits.py",
+        "        if seq.req.grammar is None:\n",
+        '        if seq.req.grammar is None or self.model == "large":\n',
         ("tests/test_structured_output.py", "-k", "always_validates"),
     ),
     Mutation(

@@ -140,7 +140,7 @@ def test_batches_sent_once_a_worker_is_down_say_so():
     arrive first (a fresh-clone run saw health() healthy after its requests had failed)."""
     from tokenrouter.distributed import wire
     from tokenrouter.distributed.actor import CallerQueue
-    from tokenrouter.engine.worker.events import WorkerEvent
+    from tokenrouter.engine.outbox import WorkerEvent
 
     class Channel:  # the direct channel's interface, keeping what was sent
         usable = True

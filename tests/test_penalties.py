@@ -1,4 +1,4 @@
-"""Penalties (sampling/penalties.py, applied in ModelCore._process_logits): transformers'
+"""Penalties (sampling/penalties.py, applied in engine/logits.py's StepLogits.process): transformers'
 RepetitionPenaltyLogitsProcessor and vLLM's presence/frequency formulas, row by row on the same
 logits; rows that ask for none left bit for bit; greedy decoding under them equal to Hugging
 Face generate, also across hand-offs and with neighbours in the batch."""
@@ -15,9 +15,8 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import VllmPenalties, generate_all, hf_greedy_penalized, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-from tokenrouter.engine.model_core import ModelCore
+from tokenrouter.engine.logits import StepLogits
 from tokenrouter.engine.sequence import Request, Sequence
-from tokenrouter.policies import Single
 from tokenrouter.sampling.penalties import apply_penalties
 
 VOCAB = 40
@@ -73,9 +72,9 @@ def test_batched_penalties_equal_the_references_row_by_row(dtype):
         assert not torch.equal(got[r], logits[r]) or not sp.penalized, r
 
 
-def _core(tiny_model) -> ModelCore:
-    """A core that is never loaded: `_process_logits` needs only the requests."""
-    return ModelCore("m", ModelSpec(path=tiny_model), Single("m"))
+def _step_logits() -> StepLogits:
+    """What a core processes its step's logits with: it needs only the requests."""
+    return StepLogits("m")
 
 
 def _seq(prompt: list[int], output: list[int], params: SamplingParams) -> Sequence:
@@ -83,16 +82,16 @@ def _seq(prompt: list[int], output: list[int], params: SamplingParams) -> Sequen
     return Sequence(req, token_ids=prompt + output)
 
 
-def test_process_logits_touches_only_the_rows_that_ask(tiny_model):
+def test_process_logits_touches_only_the_rows_that_ask():
     """Mixed rows through the core's one processing step: penalized rows equal the references,
     the others are the very same bits, and a batch with no penalty gets its tensor back."""
     torch.manual_seed(1)
     logits = torch.randn(len(ROWS), VOCAB, dtype=torch.float64) * 4
     contexts = _contexts(seed=3)
     seqs = [_seq(c[:p], c[p:], sp) for (p, _, sp), c in zip(ROWS, contexts)]
-    core = _core(tiny_model)
+    step = _step_logits()
     before = logits.clone()
-    got = core._process_logits(seqs, logits)
+    got = step.process(seqs, logits)
     assert torch.equal(logits, before)  # the forward's logits are not written in place
     for r, ((p, _, sp), ctx) in enumerate(zip(ROWS, contexts)):
         if sp.penalized:
@@ -101,10 +100,10 @@ def test_process_logits_touches_only_the_rows_that_ask(tiny_model):
             assert torch.equal(got[r], logits[r])
     plain = [s for s, (*_, sp) in zip(seqs, ROWS) if not sp.penalized]
     same = logits[: len(plain)]
-    assert core._process_logits(plain, same) is same
+    assert step.process(plain, same) is same
 
 
-def test_a_checks_rows_count_only_the_tokens_before_each(tiny_model):
+def test_a_checks_rows_count_only_the_tokens_before_each():
     """A verifier's span: row j is the position after the first verify_start + j tokens."""
     torch.manual_seed(2)
     params = SamplingParams(repetition_penalty=1.9, presence_penalty=0.5, frequency_penalty=0.3)
@@ -115,7 +114,7 @@ def test_a_checks_rows_count_only_the_tokens_before_each(tiny_model):
     other = _seq([4, 4], [4], SamplingParams())
     other.verify_start = 2
     other_span = torch.randn(2, VOCAB, dtype=torch.float64)
-    got, untouched = _core(tiny_model)._process_spans([seq, other], [span, other_span])
+    got, untouched = _step_logits().process_spans([seq, other], [span, other_span])
     tokens = prompt + output
     for j in range(5):
         context = tokens[: seq.verify_start + j]

@@ -212,8 +212,8 @@ def reference_generate(
     accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
     next position.
     """
+    from .engine.handoff import MAX_STALLS
     from .engine.model.runner import HiddenCapture
-    from .engine.model_core import MAX_STALLS
     from .policies.base import (
         ENTROPY,
         HIDDEN,

@@ -23,10 +23,12 @@ from ..autobatch.throughput_model import ThroughputPrediction
 from ..config import AutoBatchingOptions, EngineOptions, ModelSpec, SamplingParams
 from ..engine.model.loader import LoadedModel
 from ..engine.model_core import ModelCore
+from ..engine.outbox import WorkerEvent
 from ..engine.sequence import Request
 from ..engine.worker.cpu_turns import CoreShare, usable_cores
-from ..engine.worker.events import WorkerEvent, WorkerStats
 from ..engine.worker.lockstep import LockstepDriver
+from ..engine.worker.protocol import WorkerSettings
+from ..engine.worker.stats import WorkerStats
 from ..engine.worker.thread import WorkerThread
 from ..errors import ConfigError, EngineNotRunningError, InvalidRequestError, ModelLoadError
 from ..metrics import EngineMetrics, ModelMetrics
@@ -285,9 +287,7 @@ class Engine:
                 name: WorkerThread(
                     ModelCore(name, spec, self.policy, keep_kv_on_handoff=self.mode != "standard"),
                     self._dispatch,
-                    self.batch_min[name],
-                    self.batch_wait_s,
-                    num_threads=self.num_threads,
+                    WorkerSettings(self.batch_min[name], self.batch_wait_s, self.num_threads),
                     core_share=share if torch.device(spec.device).type == "cpu" else None,
                     wake=wake,
                 )

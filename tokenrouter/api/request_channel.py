@@ -11,7 +11,7 @@ from collections import deque
 
 import anyio
 
-from ..engine.worker.events import WorkerEvent
+from ..engine.outbox import WorkerEvent
 
 
 class RequestChannel:

@@ -1,7 +1,7 @@
 """A worker's step-latency profile: how long a step takes for b decode rows and c catch-up tokens.
 
-`measure(core)` runs a model core's own `ModelRunner.forward` on synthetic batches: dummy
-sequences whose KV blocks come from (and go back to) the core's BlockManager, b decode rows of
+`measure(core)` times a model core's forward on synthetic batches (`ModelCore.profile_step`):
+dummy requests whose KV blocks come from (and go back to) the core's pool, b decode rows of
 `context` cached tokens each, plus one catch-up row of c new tokens after `context` cached ones
 (a request back from a peer). It must run in the thread that steps the core, between steps
 (`WorkerThread.call`; `Engine.profile()` sends it). Each point is the median of a few
@@ -36,9 +36,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..config import SamplingParams
-from ..engine.sched.batch import ScheduledBatch
-from ..engine.sequence import Request, SeqStatus, Sequence
 from ..files import write_text_atomic
 from .throughput_model import LatencyModel, TableLatency, VerifyLatency
 
@@ -246,8 +243,8 @@ def measure(
     check_batch_sizes=CHECK_BATCH_SIZES,
     check_tokens=CHECK_TOKENS,
 ) -> LatencyProfile:
-    """Time the core's forward on synthetic batches. Runs in the thread that steps the core,
-    between steps (`WorkerThread.call`)."""
+    """Time the core's forward on synthetic batches (`ModelCore.profile_step`). Runs in the
+    thread that steps the core, between steps (`WorkerThread.call`)."""
     info = profile_info(core, batch_sizes, catch_up_tokens, context, check_batch_sizes, check_tokens)
     spec, blocks, loaded = core.spec, core.blocks, core.loaded
     assert loaded is not None
@@ -271,60 +268,21 @@ def measure(
         points = [p for p in points if p[0] < b_top]
     if not any(t == 1 for _, _, t in points):
         raise RuntimeError(f"model {core.name!r}: not enough free KV blocks to profile ({blocks.num_free} free)")
-    b_max = max(b for b, _, _ in points)
 
-    vocab = loaded.vocab_size
-    params = SamplingParams(temperature=0.0, max_tokens=1)
+    def run(b: int, c: int, t: int) -> float:
+        return core.profile_step(rows=b, tokens_each=t, catch_up=c, context=ctx)
 
-    def dummy(i: int, length: int) -> Sequence:
-        ids = [(7 * i + 13 * j + 3) % vocab for j in range(length)]
-        req = Request(f"__profile_{i}", ids, params, seed=0, stop_token_ids=frozenset(), max_tokens=1)
-        seq = Sequence(req, token_ids=list(ids), status=SeqStatus.RUNNING)
-        if not blocks.grow(seq, length):
-            raise RuntimeError(f"model {core.name!r}: KV blocks ran out while profiling")
-        seq.num_computed = ctx
-        return seq
-
-    seqs: list[Sequence] = []
-    try:
-        rows = [dummy(i, ctx + t_max) for i in range(b_max)]
-        seqs.extend(rows)
-        full = {id(seq): list(seq.token_ids) for seq in rows}
-        catch = None
-        if c_max:
-            catch = dummy(b_max, ctx + c_max)
-            seqs.append(catch)
-            full[id(catch)] = list(catch.token_ids)
-
-        def run(b: int, c: int, t: int) -> float:
-            for seq in rows[:b]:  # t new tokens each; a check keeps logits from the first on
-                seq.token_ids = full[id(seq)][: ctx + t]
-                seq.verify_start = ctx + 1 if t > 1 else None
-            step, num_new = rows[:b], [t] * b
-            if c:
-                catch.token_ids = full[id(catch)][: ctx + c]
-                step, num_new = step + [catch], num_new + [c]
-            batch = ScheduledBatch(seqs=step, num_new=num_new, num_decode=b if t == 1 else 0)
-            t0 = time.perf_counter()
-            out = core.runner.forward(batch)
-            out.logits.argmax(dim=-1).tolist()  # waits for the device, like a real step's sampling
-            return time.perf_counter() - t0
-
-        run(1, 0, 1)  # warm-up: allocator, first-call paths
-        run(*max(points))
-        # Round robin over the points, not each point's samples in a row: a burst of other work
-        # on the machine (another process, a peer worker's prefill) then slows one sample of many
-        # points, which the medians drop, instead of every sample of one point, which skews the
-        # table's shape (a one-row step measured slower than a two-row one on the demo pair).
-        samples: dict[tuple[int, int, int], list[float]] = {p: [] for p in points}
-        for _ in range(max(1, repeats)):
-            for point in points:
-                samples[point].append(run(*point))
-        measured = [ProfilePoint(b, c, statistics.median(v), tuple(v), t) for (b, c, t), v in samples.items()]
-    finally:
-        for seq in seqs:
-            seq.verify_start = None
-            blocks.free(seq)
+    run(1, 0, 1)  # warm-up: allocator, first-call paths
+    run(*max(points))
+    # Round robin over the points, not each point's samples in a row: a burst of other work
+    # on the machine (another process, a peer worker's prefill) then slows one sample of many
+    # points, which the medians drop, instead of every sample of one point, which skews the
+    # table's shape (a one-row step measured slower than a two-row one on the demo pair).
+    samples: dict[tuple[int, int, int], list[float]] = {p: [] for p in points}
+    for _ in range(max(1, repeats)):
+        for point in points:
+            samples[point].append(run(*point))
+    measured = [ProfilePoint(b, c, statistics.median(v), tuple(v), t) for (b, c, t), v in samples.items()]
     step_points = [p for p in measured if p.t == 1]
     return LatencyProfile(
         model=core.name,

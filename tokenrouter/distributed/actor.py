@@ -33,8 +33,9 @@ import torch
 
 from ..config import ModelSpec
 from ..engine.model_core import ModelCore
+from ..engine.outbox import WorkerEvent
 from ..engine.sequence import Request
-from ..engine.worker.events import WorkerEvent
+from ..engine.worker.protocol import WorkerSettings
 from ..errors import ConfigError, ModelLoadError
 from ..policies.base import Policy
 from . import wire
@@ -51,11 +52,10 @@ TOMBSTONES = 65536  # aborts remembered for hand-offs still in transit
 
 @dataclass(frozen=True)
 class ActorSettings:
-    """How the engine runs this worker (what `WorkerThread` takes, and the torch threads)."""
+    """How the engine runs this worker: its loop (with the torch threads of this process), and
+    how it reaches the others."""
 
-    threads: int
-    batch_min: int
-    batch_wait_s: float
+    worker: WorkerSettings  # num_threads always set: the actor's CPUs, or the engine's num_threads
     keep_kv_on_handoff: bool
     engine_id: str
     secret: bytes  # what a peer's hand-off channel must present (channel.py)
@@ -213,9 +213,7 @@ class ActorWorker(LinkedWorker):
         super().__init__(
             core,
             lambda events: queue.stage_events(tracks.number(events)),
-            settings.batch_min,
-            settings.batch_wait_s,
-            num_threads=settings.threads,
+            settings.worker,
             after_delivery=queue.publish,
         )
         self.queue = queue
@@ -257,7 +255,9 @@ class CallerPeer:
 @ray.remote(concurrency_groups={"post": 1, "take": 1, "control": 4})
 class WorkerActor:
     def __init__(self, name: str, spec: ModelSpec, policy: Policy, settings: ActorSettings):
-        torch.set_num_threads(settings.threads)  # this process's default; the worker sets its own thread's too
+        torch.set_num_threads(
+            settings.worker.num_threads
+        )  # this process's default; the worker sets its own thread's too
         self.name = name
         self.settings = settings
         self.sender = f"{settings.engine_id}/{name}"  # what peers see this worker's envelopes come from

@@ -41,9 +41,10 @@ from pathlib import Path
 
 from ..config import EngineOptions, ModelSpec
 from ..engine.model_core import ModelCore
+from ..engine.outbox import WorkerEvent
 from ..engine.sequence import Request
 from ..engine.worker.cpu_turns import CoreShare
-from ..engine.worker.events import Sink, WorkerEvent
+from ..engine.worker.protocol import Sink, WorkerSettings
 from ..errors import ConfigError, InvalidRequestError
 from ..policies.base import Policy
 from . import ray_runtime, wire
@@ -142,9 +143,8 @@ class Fleet:
         for i, name in enumerate(self.placed):
             place = self.specs[name].placement
             threads = self.options.num_threads or max(1, round(place.num_cpus))
-            settings = ActorSettings(
-                threads, self.batch_min[name], self.options.batch_wait_s, keep_kv, self.engine_id, self.secret
-            )
+            loop = WorkerSettings(self.batch_min[name], self.options.batch_wait_s, threads)
+            settings = ActorSettings(loop, keep_kv, self.engine_id, self.secret)
             opts = dict(place.actor_options(), runtime_env=self._runtime_env(place.runtime_env), max_restarts=0)
             opts["name"] = f"{self.engine_id}-{name}"
             if self.group is not None:
@@ -165,9 +165,7 @@ class Fleet:
             self.local[name] = LinkedWorker(
                 ModelCore(name, spec, self.policy, keep_kv_on_handoff=keep_kv),
                 self.local_sink,
-                self.batch_min[name],
-                self.options.batch_wait_s,
-                num_threads=self.options.num_threads,
+                WorkerSettings(self.batch_min[name], self.options.batch_wait_s, self.options.num_threads),
                 core_share=core_share,
             )
         self.workers = {name: self.remote.get(name) or self.local[name] for name in self.specs}

@@ -13,9 +13,9 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..engine.model_core import Outbox
+from ..engine.outbox import Outbox
 from ..engine.sequence import SeqStatus
-from ..engine.worker.events import WorkerStats
+from ..engine.worker.stats import WorkerStats
 from ..engine.worker.thread import WorkerThread
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from ..config import ModelSpec
 from ..engine.model.loader import LoadedModel
 from ..engine.sequence import Request
-from ..engine.worker.events import WorkerStats
+from ..engine.worker.stats import WorkerStats
 from ..errors import ConfigError, ModelLoadError
 from . import wire
 from .links import CallerLink

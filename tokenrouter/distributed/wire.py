@@ -21,8 +21,9 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 
-from ..engine.worker.events import WorkerEvent, WorkerStats
+from ..engine.outbox import WorkerEvent
 from ..engine.worker.inbox import Abort, HandOff, Release, Stop, Submit  # the messages of one process cross as they are
+from ..engine.worker.stats import WorkerStats
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,11 @@
-"""A worker's grammar state for one constrained request, and the batched token masks.
+"""A worker's grammar state for one constrained request.
 
 Each worker keeps its own matcher per request and derives its state from the tokens it holds:
 `advance` accepts whatever it has not seen (its own tokens, or a catch-up's written by a peer),
 and `truncate` follows a rollback. So nothing of a matcher travels in a hand-off, and a worker
-in another process would do the same. Masks are built only for the rows that are constrained;
-the others' logits are not touched, so unconstrained neighbours are bit-identical.
+in another process would do the same. The masks themselves are built and applied by the logits
+processor (`sampling/logits.py`), only for the rows that are constrained: unconstrained
+neighbours stay bit-identical.
 """
 
 from __future__ import annotations
@@ -66,25 +67,3 @@ class GrammarState:
             self.truncate(n, token_ids)
         else:
             self.advance(token_ids, n)
-
-
-def allocate(rows: int, vocab_size: int) -> torch.Tensor:
-    """An all-allowed bitmask of `rows` rows (int32 words, 32 tokens each)."""
-    return torch.full((rows, -(-vocab_size // 32)), -1, dtype=torch.int32)
-
-
-def apply_bitmask(logits: torch.Tensor, rows: Sequence[int] | torch.Tensor, bitmask: torch.Tensor) -> None:
-    """Set to -inf, in place, the logits of `rows` whose tokens the bitmask forbids (any dtype,
-    any device; the logits' vocabulary may be wider than the tokenizer's, and those ids are
-    forbidden too)."""
-    if len(rows) == 0:
-        return
-    vocab = logits.shape[-1]
-    ids = torch.arange(vocab, device=logits.device)
-    words = bitmask.to(logits.device)
-    width = words.shape[1] * 32
-    word_index = (ids // 32).clamp(max=words.shape[1] - 1)
-    bits = (words[:, word_index] >> (ids % 32).to(torch.int32)) & 1
-    allowed = (bits == 1) & (ids < width)[None, :]
-    index = torch.as_tensor(rows, device=logits.device, dtype=torch.long)
-    logits[index] = logits[index].masked_fill(~allowed, float("-inf"))

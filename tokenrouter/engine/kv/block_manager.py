@@ -10,8 +10,19 @@ Free blocks are reused least recently freed first.
 from __future__ import annotations
 
 from collections import OrderedDict
+from dataclasses import dataclass
 
 from ..sequence import Sequence
+
+
+@dataclass(frozen=True)
+class BlockStats:
+    """The pool's accounting, as a worker's statistics report it."""
+
+    kv_blocks_total: int
+    kv_blocks_free: int
+    kv_block_size: int
+    prefix_cache_hit_tokens: int  # tokens served from the prefix cache so far
 
 
 class BlockManager:
@@ -34,6 +45,9 @@ class BlockManager:
     @property
     def capacity_tokens(self) -> int:
         return self.num_blocks * self.block_size
+
+    def stats(self) -> BlockStats:
+        return BlockStats(self.num_blocks, self.num_free, self.block_size, self.prefix_hits)
 
     def blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)

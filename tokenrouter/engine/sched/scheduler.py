@@ -16,10 +16,22 @@ preempted: its blocks are freed and it waits to be recomputed. Nothing generated
 from __future__ import annotations
 
 from collections import OrderedDict, deque
+from dataclasses import dataclass
 
 from ..kv.block_manager import BlockManager
 from ..sequence import SeqStatus, Sequence
 from .batch import ScheduledBatch
+
+
+@dataclass(frozen=True)
+class SchedulerStats:
+    """Where this worker's requests stand, and what memory pressure has cost so far."""
+
+    running: int
+    waiting: int
+    pending: int  # away at a peer, blocks kept unless evicted
+    preemptions: int
+    evictions: int
 
 
 class PoolTooSmall(Exception):
@@ -44,6 +56,11 @@ class Scheduler:
     @property
     def num_ready(self) -> int:
         return len(self.waiting) + len(self.running)
+
+    def stats(self) -> SchedulerStats:
+        return SchedulerStats(
+            len(self.running), len(self.waiting), len(self.pending), self.num_preemptions, self.num_evictions
+        )
 
     def has_work(self) -> bool:
         return bool(self.waiting or self.running)

@@ -25,11 +25,13 @@ from typing import Any
 import torch
 
 from ..model.loader import LoadedModel
-from ..model_core import ModelCore, Outbox
+from ..model_core import ModelCore
+from ..outbox import Outbox
 from ..sequence import Request
 from .cpu_turns import CoreShare, usable_cores, use_threads
-from .events import Sink, WorkerStats
 from .inbox import Abort, Call, HandOff, Inbox, Message, Release, Stop, Submit
+from .protocol import Sink, WorkerSettings
+from .stats import WorkerStats
 
 log = logging.getLogger(__name__)
 
@@ -44,18 +46,15 @@ class WorkerThread:
         self,
         core: ModelCore,
         sink: Sink,
-        batch_min: int = 1,
-        batch_wait_s: float = 0.0,
-        num_threads: int | None = None,
+        settings: WorkerSettings = WorkerSettings(),
         core_share: CoreShare | None = None,
         wake: threading.Event | None = None,
     ):
         self.core = core
         self.name = core.name
         self.sink = sink
-        self.batch_min = max(1, min(batch_min, core.spec.max_num_seqs))
-        self.batch_wait_s = batch_wait_s
-        self.num_threads = num_threads  # torch intra-op threads of this thread (None: see load())
+        self.settings = settings
+        self.batch_min = max(1, min(settings.batch_min, core.spec.max_num_seqs))  # B, moved at run time
         self.core_share = core_share  # else: on CPU, steps taken in turns with the other workers
         self.inbox = Inbox(wake)  # a shared `wake` lets one lockstep driver hear every worker
         self.peers: dict[str, WorkerThread] = {}
@@ -73,8 +72,8 @@ class WorkerThread:
     def load(self) -> None:
         """Set this thread's torch threads, then load the core; runs in the stepping thread."""
         try:
-            if self.num_threads is not None:
-                own = forward_threads = self.num_threads
+            if self.settings.num_threads is not None:
+                own = forward_threads = self.settings.num_threads
             elif self.core_share is not None:  # forwards run in the shared compute thread, on every core;
                 own, forward_threads = (
                     1,
@@ -175,36 +174,15 @@ class WorkerThread:
         return self._thread
 
     def stats(self) -> WorkerStats:
-        core, c = self.core, self.core.counters
+        """The core's statistics (its scheduler's and KV pool's among them) and this thread's."""
         return WorkerStats(
-            model=self.name,
-            kv_blocks_total=core.blocks.num_blocks,
-            kv_blocks_free=core.blocks.num_free,
-            kv_block_size=core.blocks.block_size,
-            kv_cache_bytes=core.cache.nbytes,
-            running=len(core.scheduler.running),
-            waiting=len(core.scheduler.waiting),
-            pending=len(core.scheduler.pending),
-            steps=c.steps,
-            tokens_processed=c.tokens_processed,
-            preemptions=core.scheduler.num_preemptions,
-            evictions=core.scheduler.num_evictions,
-            handoffs_received=c.handoffs_received,
-            handoffs_sent=c.handoffs_sent,
-            prefix_cache_hit_tokens=core.blocks.prefix_hits,
-            batch_size_histogram=dict(sorted(c.batch_sizes.items())),
-            time_forward_s=c.time_forward,
-            time_step_s=c.time_step,
+            **vars(self.core.stats()),
             time_idle_s=self.time_idle,
             time_waiting_for_batch_s=self.time_waiting_for_batch,
             alive=self.alive,
             error=self.error,
             batch_min=self.batch_min,
             time_waiting_for_cores_s=self.time_waiting_for_cores,
-            attention_backend=core.attention_backend,
-            cuda_graph_batch_sizes=core.cuda_graph_sizes,
-            torch_threads=core.torch_threads,
-            steps_by_threads=dict(c.steps_by_threads),
         )
 
     # ---- the loop --------------------------------------------------------------------------
@@ -237,10 +215,10 @@ class WorkerThread:
                         wake.wait(timeout=1.0)
                         self.time_idle += time.perf_counter() - t0
                         continue
-                    if ready < self.batch_min and self.batch_wait_s > 0:  # delayed batching
+                    if ready < self.batch_min and self.settings.batch_wait_s > 0:  # delayed batching
                         now = time.perf_counter()
                         hold_since = hold_since or now
-                        left = self.batch_wait_s - (now - hold_since)
+                        left = self.settings.batch_wait_s - (now - hold_since)
                         if left > 0:
                             wake.wait(timeout=left)
                             self.time_waiting_for_batch += time.perf_counter() - now

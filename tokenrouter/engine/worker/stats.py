@@ -1,34 +1,10 @@
-"""What a worker reports: one event per request a step touched, and the worker's statistics.
-
-Plain data, so that the engine's output side (`output_processor`, `request_channel`) and the
-caller depend on these and not on the worker."""
+"""What a worker reports about itself: its core's statistics (scheduler, KV pool, steps) and its
+thread's (idle, holding for B, waiting for the cores). Plain data, read by `Engine.stats()`,
+`Engine.metrics()` and the throughput model."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-
-from ...policies.base import PeerMessage
-
-
-@dataclass
-class WorkerEvent:
-    """What a step did to one request: tokens it appended, a hand-off, or the request's end."""
-
-    request_id: str
-    token_ids: list[int]
-    model: str
-    finish_reason: str | None = None
-    error: str | None = None
-    handoff_to: str | None = None
-    resubmit: PeerMessage | None = None  # standard-serving baseline: the caller sends this on
-    num_fed: int = 0  # tokens this worker processed for the request since its previous event
-    num_cached_prompt: int = 0
-    logprobs: list | None = None  # one outputs.TokenLogprob per token of token_ids, when the request asks
-    prompt_logprobs: list | None = None  # the prompt's records (the first None), once, when asked
-
-
-Sink = Callable[[list[WorkerEvent]], None]
 
 
 @dataclass

@@ -1,0 +1,171 @@
+"""Routing after a step: the policy's decision per row, and what follows for each request.
+
+A kept token is appended; the request then finishes (EOS, a stop token, `max_tokens`), stays,
+or moves. A request that moves is *parked* here as pending, its KV blocks kept, and its
+hand-off carries only the suffix the peer has not seen (`Sequence.peer_known`). A drafter's
+tokens are tentative: not reported, and where the request would end, or the drafts reach the
+policy's limit, the verifier takes it (engine/verify.py).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..policies.base import ENTROPY, TOKEN_EMBEDDING, PeerMessage, StepResult, normalized_entropy
+from .outbox import Outbox, PeerHandOff
+from .sequence import Sequence
+
+if TYPE_CHECKING:
+    from .model_core import ModelCore
+
+log = logging.getLogger(__name__)
+
+MAX_STALLS = 8  # hand-offs in a row without a new token before a request is failed
+
+
+class Routing:
+    """One core's side of routing: it asks the core's policy, and applies the answer through the
+    core's bookkeeping (`ModelCore.end`, `event`, `drop`)."""
+
+    def __init__(self, core: ModelCore):
+        self.core = core
+        self.policy = core.policy
+
+    def decide(
+        self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor, out: Outbox
+    ) -> tuple[list | None, list | None] | None:
+        """The policy's decision per row (keep the token? which model next?); (None, None) when
+        not routing; None when the policy raised, which fails the requests of this call only."""
+        core = self.core
+        if core.routing:
+            try:
+                keep, next_model = self.ask_policy(seqs, logits, hidden, sampled)
+            except Exception as e:
+                log.exception("model %r: policy.route failed", core.name)
+                msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
+                for seq in seqs:
+                    core.end(seq, out, "error", msg)
+                return None
+        else:
+            keep, next_model = None, None
+        core.counters.rows_sampled += len(seqs)
+        core.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
+        return keep, next_model
+
+    def ask_policy(
+        self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor
+    ) -> tuple[list, list]:
+        core, requires = self.core, self.policy.requires
+        embed = core.loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in requires else None
+        tentative = [len(s.token_ids) + 1 - s.num_confirmed for s in seqs] if core.drafts else None
+        result = StepResult(
+            model=core.name,
+            model_index=core.model_index,
+            request_ids=[s.request_id for s in seqs],
+            tokens=sampled,
+            logits=logits,
+            num_generated=torch.tensor([s.num_generated for s in seqs]),
+            states=[s.policy_state for s in seqs],
+            entropy=normalized_entropy(logits) if ENTROPY in requires else None,
+            hidden=hidden,
+            token_embedding=embed(sampled) if embed is not None else None,
+            params=[s.req.params for s in seqs],
+            seeds=[s.req.seed for s in seqs],
+            tentative=torch.tensor(tentative) if tentative is not None else None,
+        )
+        decision = self.policy.route(result)
+        n = len(seqs)
+        if decision.keep.shape != (n,) or decision.next_model.shape != (n,):
+            raise ValueError(
+                f"route returned shapes {tuple(decision.keep.shape)}, {tuple(decision.next_model.shape)}; "
+                f"expected ({n},)"
+            )
+        next_model = decision.next_model.tolist()
+        if any(not 0 <= m < len(self.policy.models) for m in next_model):
+            raise ValueError(f"route returned a model index outside [0, {len(self.policy.models)})")
+        return decision.keep.tolist(), next_model
+
+    def apply(
+        self,
+        seqs: list[Sequence],
+        tokens: list[int],
+        records: list | None,
+        keep: list | None,
+        next_model: list | None,
+        out: Outbox,
+    ) -> None:
+        here = self.core.model_index
+        for i, seq in enumerate(seqs):
+            kept = keep is None or keep[i]
+            target = here if next_model is None else next_model[i]
+            self.apply_one(seq, tokens[i], kept, target, out, None if records is None else records[i])
+
+    def apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox, record=None) -> None:
+        """One request's outcome of a step: append the token (if kept), finish, stay, or hand off.
+        `record` is the token's TokenLogprob when the request asks; a tentative token's waits with it."""
+        core = self.core
+        new = [token] if kept else []
+        logprobs = [record] if kept and record is not None else None
+        if kept:
+            seq.token_ids.append(token)
+            seq.stalls = 0
+            req = seq.req
+            stop = (token in core.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
+            full = seq.num_generated >= req.max_tokens
+            if core.drafts:
+                if record is not None:
+                    seq.draft_logprobs[len(seq.token_ids) - 1] = record
+                if stop or full or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
+                    target = core.verifier_index
+            else:
+                seq.num_confirmed = len(seq.token_ids)
+                if stop:
+                    return core.end(seq, out, "stop", tokens=new, logprobs=logprobs)
+                if full:
+                    return core.end(seq, out, "length", tokens=new, logprobs=logprobs)
+        reported = [] if core.drafts else new
+        if not reported:
+            logprobs = None
+        if target == core.model_index:
+            if not kept:
+                return core.end(seq, out, "error", "policy discarded a token without handing the request off")
+            if reported:
+                out.events.append(core.event(seq, reported, logprobs))
+            return
+        if not kept:
+            seq.stalls += 1
+            if seq.stalls > MAX_STALLS:
+                return core.end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
+        self.hand_off(seq, self.policy.models[target], reported, logprobs, out)
+
+    def hand_off(self, seq: Sequence, name: str, reported: list[int], logprobs: list | None, out: Outbox) -> None:
+        """Park here with blocks kept, and send the peer the suffix it has not seen."""
+        core = self.core
+        ev = core.event(seq, reported, logprobs, handoff_to=name)
+        out.events.append(ev)
+        known = seq.peer_known.get(name, 0) if core.keep_kv_on_handoff else 0
+        msg = PeerMessage(
+            seq.request_id,
+            core.name,
+            name,
+            seq.token_ids[known:],
+            start=known,
+            stalls=seq.stalls,
+            confirmed=seq.num_confirmed,
+            logprobs={p: r for p, r in seq.draft_logprobs.items() if p >= known},
+        )
+        try:
+            msg = self.policy.send(msg, seq.policy_state)
+        except Exception as e:
+            return core.end(seq, out, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
+        core.counters.handoffs_sent += 1
+        if not core.keep_kv_on_handoff:  # standard-serving baseline: free KV, the caller re-sends
+            core.drop(seq)
+            ev.resubmit = msg
+            return
+        seq.peer_known[name] = len(seq.token_ids)
+        core.scheduler.park(seq)
+        out.handoffs.append(PeerHandOff(name, msg, seq.req))
