@@ -40,9 +40,7 @@ MUTATIONS = [
         "abort-keeps-pending-kv",
         "an abort frees the request's KV on every worker, pending copies included",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n"
-        "            self.drop(seq)\n"
-        "            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n            self.drop(seq)\n            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
         "                self.drop(seq)\n",
@@ -51,9 +49,9 @@ MUTATIONS = [
     Mutation(
         "leaving-does-not-abort",
         "cancelling the caller's task or leaving a stream aborts the request everywhere",
-        "tokenrouter/api/engine.py",
+        "tokenrouter/api/request_tracker.py",
         "                if not proc.worker_done:  # cancelled, or the consumer left: free its KV everywhere\n"
-        "                    self._abort_everywhere(proc.req)\n",
+        "                    self.abort_everywhere(proc.req)\n",
         "                pass\n",
         ("tests/test_cancellation.py", "-k", "cancel_task or leave_stream"),
     ),
@@ -84,7 +82,7 @@ MUTATIONS = [
     Mutation(
         "dead-worker-accepts-requests",
         "with a worker gone, new requests get a clear error at once",
-        "tokenrouter/api/engine.py",
+        "tokenrouter/api/input_processor.py",
         "            if not worker.alive:\n                raise EngineNotRunningError(",
         "            if False:\n                raise EngineNotRunningError(",
         ("tests/test_faults.py", "-k", "dead_worker"),
@@ -100,17 +98,17 @@ MUTATIONS = [
     Mutation(
         "output-failure-escapes",
         "a failure while building a request's output fails that request only",
-        "tokenrouter/api/engine.py",
-        "                    except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only\n",
-        "                    except ZeroDivisionError as e:\n",
+        "tokenrouter/api/request_tracker.py",
+        "        except Exception as e:  # e.g. the tokenizer failed to decode: fail this request only\n",
+        "        except ZeroDivisionError as e:\n",
         ("tests/test_faults.py", "-k", "building_the_output"),
     ),
     Mutation(
         "stuck-close-strands-callers",
         "closing never hangs: requests on a worker that will not stop are ended",
-        "tokenrouter/api/engine.py",
-        '                channel.push(WorkerEvent(rid, [], stuck[0], finish_reason="abort", error=error))\n',
-        "                pass\n",
+        "tokenrouter/api/request_tracker.py",
+        '            channel.push(WorkerEvent(rid, [], model, finish_reason="abort", error=error))\n',
+        "            pass\n",
         ("tests/test_faults.py", "-k", "stuck"),
     ),
     Mutation(
@@ -126,9 +124,7 @@ MUTATIONS = [
         "abort-keeps-pending-kv-fuzz",
         "random interleavings keep every invariant (here: pools end free)",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n"
-        "            self.drop(seq)\n"
-        "            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n            self.drop(seq)\n            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
         "                self.drop(seq)\n",
@@ -145,7 +141,7 @@ MUTATIONS = [
     Mutation(
         "too-big-admitted",
         "a request that cannot fit even alone fails at once, saying what it needs and what the pool holds",
-        "tokenrouter/api/engine.py",
+        "tokenrouter/api/input_processor.py",
         "            if need > holds:\n",
         "            if False:\n",
         ("tests/test_kv_pool.py",),

@@ -147,7 +147,11 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "the conditio
 
 def holds_nothing(engine) -> bool:
     """No worker holds a request, and the engine tracks no request."""
-    return all(not w.core.seqs for w in engine.workers.values()) and not engine._channels and not engine._requests
+    return (
+        all(not w.core.seqs for w in engine.workers.values())
+        and not engine.tracker.channels
+        and not engine.tracker.requests
+    )
 
 
 class EveryK(Policy):
@@ -311,5 +315,7 @@ def holds_nothing_anywhere(engine) -> bool:
     """No worker, wherever it runs, holds a request, and the engine tracks none."""
     stats = engine.stats().values()
     return (
-        all(s.running == s.waiting == s.pending == 0 for s in stats) and not engine._channels and not engine._requests
+        all(s.running == s.waiting == s.pending == 0 for s in stats)
+        and not engine.tracker.channels
+        and not engine.tracker.requests
     )

@@ -74,7 +74,7 @@ class NeverTogether:
         self.forwards = 0
         self.threads: set[str] = set()
         for w in engine.workers.values():
-            w.core.runner._forward = self._wrap(w.core.runner._forward)
+            w.core.runner.execute = self._wrap(w.core.runner.execute)
 
     def _wrap(self, forward):
         def counted(batch):

@@ -40,7 +40,7 @@ def _engine(pair, kv_tokens: int) -> Engine:
 def _count_worker_ends(engine) -> Counter:
     """Terminal events per request, as the workers send them."""
     ends: Counter = Counter()
-    dispatch = engine._dispatch
+    dispatch = engine.tracker.dispatch
 
     def counting(events):
         for ev in events:

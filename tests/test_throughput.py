@@ -452,7 +452,7 @@ def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch
                     assert st.throughput_prediction is None and st.batch_min == 1
                 else:  # (the tuner may have re-picked since: a prediction, not necessarily that one)
                     assert st.throughput_prediction.tokens_per_s > 0 and st.batch_min >= 1
-            auto_thread = engine._auto_thread
+            auto_thread = engine.auto_thread
         assert not any(t.name == "tokenrouter-auto-batching" for t in threading.enumerate())
         if delayed_batching == "auto":
             assert auto_thread is not None and not auto_thread.is_alive()

@@ -601,9 +601,9 @@ def test_a_policy_bound_to_an_engine_still_travels_to_an_actor():
     engine_state = {"requests": {"a": 1}, "lock": threading.Lock()}  # what an engine's closure holds
     spec = Speculative(k=3)
     spec.use_in_flight(lambda: len(engine_state["requests"]))
-    assert spec._in_flight("large", 1) == 1
+    assert spec.in_flight("large", 1) == 1
     copy = pickle.loads(pickle.dumps(spec))
-    assert copy._engine_in_flight is None and copy.k == 3 and spec._engine_in_flight is not None
+    assert copy.engine_in_flight is None and copy.k == 3 and spec.engine_in_flight is not None
     assert copy._in_flight("large", 2) == 2  # unbound: the latest steps stand in
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -182,9 +182,6 @@ class SamplingParams(BaseModel):
     def penalized(self) -> bool:
         """Whether any of the three penalties changes the logits."""
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
-
-
-PlacementStrategy = Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"]
 
 
 class RayPlacement(BaseModel):
@@ -409,72 +406,63 @@ class AutoBatchingOptions(BaseModel):
     )
 
 
-def _seconds(field: str, value, zero_ok: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError(f"{field}: must be a number of seconds, got {type(value).__name__}")
-    if not (0 <= value < float("inf")) or (value == 0 and not zero_ok):
-        raise ValueError(f"{field}: must be finite and {'>= 0' if zero_ok else '> 0'}, got {value!r}")
-    return float(value)
+BatchSize = Annotated[int, Field(ge=1, strict=True)]
+Seconds = Annotated[float, Field(ge=0.0, allow_inf_nan=False, strict=True)]
 
 
 class EngineOptions(BaseModel):
     """How an `Engine` runs its workers: its keyword arguments, checked when it is constructed.
-    Errors name the argument (the `Engine` raises them as `ConfigError`)."""
+    Each field's description is the one statement of the option (docs/sdk.md shows them, and a
+    test keeps that table equal to these). Errors name the argument (the `Engine` raises them as
+    `ConfigError`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    num_threads: int | None = Field(None, description="torch threads of each worker thread; None: CPU turns.")
-    delayed_batching: int | dict[str, int] | Literal["auto"] | None = Field(
-        None, description="B: one int, or per model; 'auto' from the throughput model; None: 1."
+    num_threads: StrictInt | None = Field(
+        None,
+        ge=1,
+        description="torch's intra-op threads of each worker thread (the caller's own thread is left alone). "
+        "None: workers on CPU take turns, each step alone on every core (engine/worker/cpu_turns.py).",
     )
-    batch_wait_s: float = Field(0.02, description="Most a worker waits for B ready requests.")
-    mode: Literal["routed", "standard", "lockstep"] = "routed"
-    stop_timeout: float = Field(30.0, description="Most close() waits for the workers to stop.")
-    auto_batching: AutoBatchingOptions = Field(default_factory=AutoBatchingOptions)
-    ray_address: str | None = Field(
+    delayed_batching: BatchSize | dict[str, BatchSize] | Literal["auto"] | None = Field(
+        None,
+        description="B, one int or per model: a worker waits (at most batch_wait_s) until B requests are ready "
+        "before it steps, so hand-offs do not fragment batches. None: B = 1. 'auto': B from the throughput model "
+        "(autobatch/), re-picked as routing is observed.",
+    )
+    batch_wait_s: Seconds = Field(0.02, description="The most a worker holds back waiting for B ready requests.")
+    mode: Literal["routed", "standard", "lockstep"] = Field(
+        "routed",
+        description="'routed' (this engine), or a baseline that speed is measured against: 'standard' (a hand-off "
+        "goes back to the caller and is re-sent as a new request with the whole sequence) or 'lockstep' (one "
+        "thread steps each model's batch in turn).",
+    )
+    stop_timeout: Seconds = Field(30.0, gt=0.0, description="The most close() waits for the workers to stop.")
+    auto_batching: AutoBatchingOptions | None = Field(
+        None, description="The knobs of delayed_batching='auto' (AutoBatchingOptions); None: their defaults."
+    )
+    ray_address: StrictStr | None = Field(
         None,
         description="With placed models: the Ray cluster to use ('auto', 'host:port', 'ray://...'), or 'local' to "
         "start one for this engine; None: the one this process is connected to, else the one `ray start` runs here.",
     )
-    placement_strategy: PlacementStrategy | None = Field(
+    placement_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
         None,
         description="Put the placed models' actors in one placement group with this strategy (STRICT_PACK: one "
         "node; SPREAD: apart if possible); None: each actor is scheduled on its own resources.",
     )
 
-    @field_validator("ray_address", mode="before")
+    @field_validator("ray_address")
     @classmethod
     def _address(cls, v):
-        if v is None:
-            return v
-        if not isinstance(v, str):
-            raise ValueError(f"ray_address: must be a string or None, got {type(v).__name__}")
-        if not v.strip() or any(c.isspace() for c in v):
+        if v is not None and (not v.strip() or any(c.isspace() for c in v)):
             raise ValueError(f"ray_address: must be 'local', 'auto', 'host:port' or 'ray://host:port', got {v!r}")
-        return v
-
-    @field_validator("placement_strategy", mode="before")
-    @classmethod
-    def _strategy(cls, v):
-        if v is not None and v not in ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"):
-            raise ValueError(
-                f"placement_strategy: must be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD', got {v!r}"
-            )
-        return v
-
-    @field_validator("num_threads", mode="before")
-    @classmethod
-    def _threads(cls, v):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ValueError(f"num_threads: must be an int or None, got {type(v).__name__}")
-        if v is not None and v < 1:
-            raise ValueError(f"num_threads: must be >= 1, got {v}")
         return v
 
     @field_validator("delayed_batching", mode="before")
     @classmethod
     def _batch_min(cls, v, info):
-        """None, 'auto', an int >= 1, or a dict of model -> int >= 1 naming only known models."""
+        """One message for the union (pydantic's would list every member), and only known models."""
         if v is None or (isinstance(v, str) and v == "auto"):
             return v
         models = (info.context or {}).get("models")
@@ -495,31 +483,9 @@ class EngineOptions(BaseModel):
                 raise ValueError(f"delayed_batching: B{which} must be an int >= 1, got {b!r}")
         return v
 
-    @field_validator("batch_wait_s", mode="before")
-    @classmethod
-    def _wait(cls, v):
-        return _seconds("batch_wait_s", v, zero_ok=True)
-
-    @field_validator("stop_timeout", mode="before")
-    @classmethod
-    def _timeout(cls, v):
-        return _seconds("stop_timeout", v, zero_ok=False)
-
-    @field_validator("mode", mode="before")
-    @classmethod
-    def _mode(cls, v):
-        if v not in ("routed", "standard", "lockstep"):
-            raise ValueError(f"mode: must be 'routed', 'standard' or 'lockstep', got {v!r}")
-        return v
-
-    @field_validator("auto_batching", mode="before")
-    @classmethod
-    def _auto(cls, v):
-        if v is None:
-            return AutoBatchingOptions()
-        if not isinstance(v, (AutoBatchingOptions, Mapping)):
-            raise ValueError(f"auto_batching: must be AutoBatchingOptions or a dict, got {type(v).__name__}")
-        return v
+    @property
+    def auto_batching_options(self) -> AutoBatchingOptions:
+        return self.auto_batching or AutoBatchingOptions()
 
     def batch_min(self, models: list[str]) -> dict[str, int]:
         """B per model (1 where none is given, and under 'auto' until the controller picks)."""

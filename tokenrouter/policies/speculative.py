@@ -52,7 +52,7 @@ class Speculative(Policy):
         self._sampler = Sampler()
         self.auto = AutoDraftLength(self.max_draft) if k == "auto" else None
         self._last_batch: dict[str, tuple[int, float]] = {}  # per model: (rows, when) of its latest step
-        self._engine_in_flight = None  # the engine's count of requests in flight (use_in_flight)
+        self.engine_in_flight = None  # the engine's count of requests in flight (use_in_flight)
 
     @property
     def models(self) -> list[str]:
@@ -81,26 +81,26 @@ class Speculative(Policy):
         move on (the demo pair at C = 16 ran at 0.92x the large model alone so)."""
         if self.auto is None:
             return self.draft
-        return self.target if self.auto.best(self._in_flight()) == 0 else self.draft
+        return self.target if self.auto.best(self.in_flight()) == 0 else self.draft
 
     STALE_S = 2.0  # a model that has not stepped for this long holds no request
 
     def use_in_flight(self, count) -> None:
-        self._engine_in_flight = count
+        self.engine_in_flight = count
 
     def __getstate__(self) -> dict:
         """The count is bound to one engine in one process (a closure over it, with its locks):
         a copy sent to a Ray actor leaves it behind, and the actor binds its own."""
-        return {**self.__dict__, "_engine_in_flight": None}
+        return {**self.__dict__, "engine_in_flight": None}
 
-    def _in_flight(self, model: str | None = None, rows: int = 1) -> int:
+    def in_flight(self, model: str | None = None, rows: int = 1) -> int:
         """Requests in flight on every model: the engine's count when it gave one, else the sum
         of each model's latest step (`model`, stepping now, reports `rows`; None: a request being
         submitted, `rows` more; a model idle for STALE_S counts none). The latest steps
         undercount (a request in transit, or waiting for its turn, is in neither), which makes
         drafting look cheaper than it is at high load."""
-        if self._engine_in_flight is not None:
-            return max(rows, self._engine_in_flight())
+        if self.engine_in_flight is not None:
+            return max(rows, self.engine_in_flight())
         now = time.monotonic()
         if model is not None:
             self._last_batch[model] = (rows, now)
@@ -116,7 +116,7 @@ class Speculative(Policy):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
-            plan = self.draft_length(self._in_flight(result.model, n)) if self.auto is not None else self.k
+            plan = self.draft_length(self.in_flight(result.model, n)) if self.auto is not None else self.k
             k = torch.tensor([s.get("k", plan) for s in result.states])
             due = result.tentative >= k
             # The whole step goes to the target once any of its rows is due, those with shorter
@@ -127,7 +127,7 @@ class Speculative(Policy):
             # 16 in flight the target stepped on 11.6 rows on average, for 0.91x its speed alone.
             move = due | (due.any() & (result.tentative >= 1))
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
-        k = self.draft_length(self._in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
+        k = self.draft_length(self.in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
         for state in result.states:
             state["k"] = k
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.full((n,), 0 if k else 1, dtype=torch.long))

@@ -167,11 +167,12 @@ class ModelRunner:
 
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
         if self.compute is not None:
-            return self.compute(lambda: self._forward(batch))
-        return self._forward(batch)
+            return self.compute(lambda: self.execute(batch))
+        return self.execute(batch)
 
     @torch.inference_mode()
-    def _forward(self, batch: ScheduledBatch) -> ForwardOutput:
+    def execute(self, batch: ScheduledBatch) -> ForwardOutput:
+        """The forward, in the calling thread (`forward` runs it in the compute thread, if any)."""
         if self.threads is not None:
             use_threads(self.threads)
         input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
