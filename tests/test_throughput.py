@@ -15,18 +15,9 @@ from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import wait_all_free
 from tokenrouter import AutoBatchingOptions, ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.autobatch import latency_profile
-from tokenrouter.autobatch.throughput_model import (
-    LatencyModel,
-    RoutingStats,
-    TableLatency,
-    VerifyLatency,
-    binomial_pmf,
-    choose_b,
-    expected_wait,
-    predict,
-    stationary,
-    transition_matrix,
-)
+from tokenrouter.autobatch.latency_models import LatencyModel, TableLatency, VerifyLatency
+from tokenrouter.autobatch.markov import binomial_pmf, expected_wait, stationary
+from tokenrouter.autobatch.throughput_model import RoutingStats, choose_b, predict, transition_matrix
 from tokenrouter.policies import RStitch
 
 SMALL = LatencyModel(a=0.010, s=0.001, k=0.0002)

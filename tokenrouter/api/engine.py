@@ -70,7 +70,7 @@ class Engine:
     scheduler and paged KV pool. `generate`, `stream` and `abort` may be called from any event
     loop (asyncio or trio) while it runs.
 
-    The keyword arguments are the fields of `EngineOptions` (config.py), where each is described
+    The keyword arguments are the fields of `EngineOptions` (config/engine.py), each described
     once: `num_threads`, `delayed_batching` (B, or "auto" from the throughput model),
     `batch_wait_s`, `mode` ("routed", or the "standard" and "lockstep" baselines), `stop_timeout`,
     `auto_batching`, `ray_address` and `placement_strategy` (docs/sdk.md lists them). Everything

@@ -23,8 +23,9 @@ import anyio
 
 from ..engine.worker.cpu_turns import usable_cores
 from . import latency_profile
+from .latency_models import TableLatency
 from .latency_profile import LatencyProfile
-from .throughput_model import RoutingStats, TableLatency, ThroughputPrediction, choose_b
+from .throughput_model import RoutingStats, ThroughputPrediction, choose_b
 
 if TYPE_CHECKING:
     from ..config import AutoBatchingOptions, ModelSpec

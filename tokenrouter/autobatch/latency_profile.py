@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..files import write_text_atomic
-from .throughput_model import LatencyModel, TableLatency, VerifyLatency
+from .latency_models import LatencyModel, TableLatency, VerifyLatency
 
 if TYPE_CHECKING:
     from ..engine.model_core import ModelCore

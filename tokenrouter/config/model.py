@@ -1,0 +1,221 @@
+"""How to run one model (`ModelSpec`), and where its worker runs when not in the caller's
+process (`RayPlacement`)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+DType = Literal["auto", "float32", "float64", "bfloat16", "float16"]
+
+
+class RayPlacement(BaseModel):
+    """Where a model's worker runs when it is not in the caller's process: a Ray actor holding
+    these resources (docs/distributed.md). Ray schedules it on a node that has them, so a custom
+    resource that only one node offers (`ray start --resources='{"gpu_node": 1}'`) pins it there.
+
+    The actor's torch threads are the engine's `num_threads` if given, else `num_cpus` (at least
+    one): the CPUs it reserved. `runtime_env` is Ray's, merged with what the engine sets
+    (`HF_HUB_OFFLINE=1`, and `PYTHONPATH` led by the directory this tokenrouter was imported
+    from, so that actors on this machine run the caller's code)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    num_cpus: float = Field(
+        1.0, ge=0.0, le=1024.0, allow_inf_nan=False, strict=True, description="CPUs the actor reserves."
+    )
+    num_gpus: float = Field(
+        0.0, ge=0.0, le=64.0, allow_inf_nan=False, strict=True, description="GPUs the actor reserves."
+    )
+    resources: dict[StrictStr, float] = Field(
+        default_factory=dict, description="Custom resources the actor needs, e.g. {'node_large': 1}."
+    )
+    runtime_env: dict[StrictStr, Any] | None = Field(None, description="Ray's runtime_env for the actor.")
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, v: dict[str, float]) -> dict[str, float]:
+        for name, amount in v.items():
+            if not name.strip():
+                raise ValueError("resources: a resource name must be a non-empty string")
+            if name in ("CPU", "GPU", "memory", "object_store_memory"):
+                raise ValueError(f"resources: give {name!r} as num_cpus / num_gpus, not as a custom resource")
+            if isinstance(amount, bool) or not (0 < amount < float("inf")):
+                raise ValueError(f"resources: {name!r} must be a finite number > 0, got {amount!r}")
+        return v
+
+    @field_validator("resources", mode="before")
+    @classmethod
+    def _amounts_are_numbers(cls, v):
+        if isinstance(v, Mapping):
+            for name, amount in v.items():
+                if isinstance(amount, bool) or not isinstance(amount, (int, float)):
+                    raise ValueError(f"resources: {name!r} must be a number, got {type(amount).__name__}")
+        return v
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _env(cls, v: dict | None) -> dict | None:
+        env = (v or {}).get("env_vars")
+        if env is not None and (
+            not isinstance(env, Mapping) or not all(isinstance(x, str) for kv in env.items() for x in kv)
+        ):
+            raise ValueError("runtime_env: env_vars must be a dict of str -> str")
+        return v
+
+    def actor_options(self) -> dict:
+        """The Ray actor options these resources mean (resources and runtime_env are added by the engine)."""
+        return {"num_cpus": self.num_cpus, "num_gpus": self.num_gpus, "resources": dict(self.resources)}
+
+    @property
+    def bundle(self) -> dict[str, float]:
+        """This actor's bundle in a placement group."""
+        out = {"CPU": self.num_cpus, **self.resources}
+        if self.num_gpus:
+            out["GPU"] = self.num_gpus
+        return {k: v for k, v in out.items() if v > 0} or {"CPU": 0.001}
+
+
+class ModelSpec(BaseModel):
+    """One model and the worker that serves it.
+
+    `path` is a Hugging Face model directory (config.json + safetensors + tokenizer), a `.gguf`
+    file, or the name of a model in the local store (`tokenrouter models`). The KV budget is
+    explicit: `kv_cache_tokens` or `kv_cache_bytes` (never a fraction of free memory); with
+    neither, `kv_cache_tokens` defaults to 16384.
+
+    `placement` (a `RayPlacement`) runs the model's worker in a Ray actor instead of the caller's
+    process (docs/distributed.md). Its `path` and `tokenizer` are then looked up on the node the
+    actor runs on, not here: a large model's weights need only be where its GPUs are.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    # First, so that the path checks below know whether the path is local (pydantic validates
+    # fields in this order and hands the earlier ones to later validators).
+    placement: RayPlacement | None = Field(
+        None, description="None: the worker runs in the caller's process; else in a Ray actor with these resources."
+    )
+    path: Path
+    dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
+    device: str = "cpu"
+    tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
+    kv_cache_tokens: int | None = Field(None, ge=1, strict=True)
+    kv_cache_bytes: int | None = Field(None, ge=1, strict=True)
+    block_size: int = Field(16, ge=1, le=1024, strict=True)
+    max_num_seqs: int = Field(64, ge=1, le=4096, strict=True, description="Most requests in one batch.")
+    max_num_batched_tokens: int = Field(
+        512, ge=1, strict=True, description="Token budget of one step (chunked prefill)."
+    )
+    max_model_len: int | None = Field(
+        None, ge=2, strict=True, description="Context limit; default from the model config."
+    )
+    enable_prefix_caching: bool = Field(
+        True, strict=True, description="Share KV blocks of common prefixes between requests."
+    )
+    onednn_linear: bool | None = Field(
+        None,
+        strict=True,
+        description="Float32 CPU linear layers through oneDNN, weights reordered once at load (decode steps "
+        "about 2x faster on CPU). None: wherever it applies; True: required; False: torch's default path.",
+    )
+    quantization: Literal["int8"] | None = Field(
+        None,
+        description="'int8': the linear layers (but the MLP output projections) with int8 weights and "
+        "per-step int8 activations, CPU float32 only (engine/model/linear/int8.py): a decode step reads a "
+        "quarter of the weight bytes. Lossy: meant for a draft model, whose tokens a verifying policy "
+        "checks. None: the weights as loaded.",
+    )
+
+    attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
+        "auto",
+        description="'auto': flashinfer's paged kernels on CUDA in float16/bfloat16 when the `gpu` extra is "
+        "installed, else torch's. 'flashinfer' requires it; 'torch' runs anywhere.",
+    )
+    cuda_graph_max_batch: int = Field(
+        32,
+        ge=0,
+        le=4096,
+        strict=True,
+        description="With flashinfer, decode steps of up to this many requests replay CUDA graphs captured at "
+        "start (sizes 1, 2, 4, 8, then every 8); 0 runs every step eagerly.",
+    )
+
+    @field_validator("path", "tokenizer", mode="before")
+    @classmethod
+    def _not_empty(cls, v):
+        """An empty string would become Path("."), the current directory: almost surely a mistake."""
+        if isinstance(v, str) and not v.strip():
+            raise ValueError("is empty (it would mean the current directory)")
+        return v
+
+    @field_validator("path", mode="before")
+    @classmethod
+    def _store_name(cls, v, info: ValidationInfo):
+        """A store name ("qwen-coder-0.5b") that is not also a local path means the store's copy
+        (for a placed model, the store of the node its actor runs on: resolved there)."""
+        from .. import store
+        from ..errors import ModelLoadError
+
+        if info.data.get("placement") is not None:
+            return v
+        if isinstance(v, (str, Path)) and str(v) in store.MODELS:
+            try:
+                return store.locate_model(v)
+            except ModelLoadError as e:  # pydantic reports a ValueError with the field name
+                raise ValueError(str(e)) from None
+        return v
+
+    @field_validator("path", "tokenizer")
+    @classmethod
+    def _path_exists(cls, v: Path | None, info: ValidationInfo) -> Path | None:
+        if info.data.get("placement") is not None:  # checked on the actor's node, when it loads
+            return v
+        if v is not None and not Path(v).exists():
+            from ..store import MODELS
+
+            raise ValueError(f"path does not exist: {v} (nor is it a store model: {', '.join(MODELS)})")
+        return v
+
+    @field_validator("device")
+    @classmethod
+    def _device_known(cls, v: str) -> str:
+        import torch
+
+        try:
+            torch.device(v)
+        except (RuntimeError, ValueError) as e:
+            raise ValueError(f"not a torch device: {v!r}") from e
+        return v
+
+    @model_validator(mode="after")
+    def _one_budget(self) -> ModelSpec:
+        if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
+            raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
+        if self.quantization is not None and (
+            self.device.split(":")[0] != "cpu" or self.dtype not in ("auto", "float32")
+        ):
+            raise ValueError(
+                f"quantization={self.quantization!r} runs on device 'cpu' in float32 only, "
+                f"not device={self.device!r} with dtype={self.dtype!r}"
+            )
+        return self
+
+    @classmethod
+    def coerce(cls, value: str | Path | ModelSpec) -> ModelSpec:
+        if isinstance(value, ModelSpec):
+            return value
+        if isinstance(value, (str, Path)):
+            return cls(path=value)
+        raise TypeError(f"a model must be a path or a ModelSpec, got {type(value).__name__}")

