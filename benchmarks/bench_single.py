@@ -67,10 +67,10 @@ import torch
 from hf_baselines import RunResult, hf_cb_measure, hf_generate_measure, hf_generate_run, load_hf, per_request
 
 from tokenrouter import ModelSpec
-from tokenrouter.bench.harness import measure
+from tokenrouter.bench.closed_loop import measure
 from tokenrouter.bench.machine import CpuMeter, machine_info
 from tokenrouter.bench.metrics import percentile
-from tokenrouter.bench.workloads import Session
+from tokenrouter.bench.sessions import Session
 from tokenrouter.engine.model.loader import load_tokenizer
 
 NUM_THREADS = 2

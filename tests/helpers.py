@@ -11,7 +11,7 @@ import anyio
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor
 
-from tokenrouter.bench.harness import wait_free
+from tokenrouter.bench.engines import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
 
 

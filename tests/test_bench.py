@@ -31,7 +31,7 @@ from tokenrouter.bench import (
     workload,
 )
 from tokenrouter.bench.report import write_report
-from tokenrouter.bench.workloads import PROMPT_TOKENS
+from tokenrouter.bench.sessions import PROMPT_TOKENS
 from tokenrouter.errors import ConfigError
 
 
@@ -321,7 +321,7 @@ def test_a_reused_engine_starts_every_run_cold(tiny_pair, tokenizer):
 
 
 def test_model_options_reach_every_system_that_loads_the_model(tiny_pair):
-    from tokenrouter.bench.harness import open_engine
+    from tokenrouter.bench.engines import open_engine
 
     cfg = tiny_config(tiny_pair, systems=["routed", "large"], model_options={"large": {"block_size": 8}})
     cfg.check()

@@ -11,10 +11,14 @@ import pytest
 from tokenrouter.errors import ConfigError
 from tokenrouter.eval.data import Problem, load_problems, select
 from tokenrouter.eval.flops import flops_per_token, parameter_counts
+from tokenrouter.eval.label_placement import LABEL_SLOTS, label_box, place_labels
+from tokenrouter.eval.pareto import pareto_front
 from tokenrouter.eval.prompt import INSTRUCTION, RESPONSE_PREFIX, build_program, extract_code, prompt_ids
-from tokenrouter.eval.report import LABEL_SLOTS, label_box, markdown, pareto_front, place_labels, summarize
+from tokenrouter.eval.report import markdown
 from tokenrouter.eval.results import ResultsFile, check_resumable
-from tokenrouter.eval.sandbox import Limits, run_program
+from tokenrouter.eval.sandbox import run_program
+from tokenrouter.eval.sandbox_limits import Limits
+from tokenrouter.eval.summary import summarize
 from tokenrouter.eval.systems import SpecError, parse_system, parse_systems
 from tokenrouter.policies import BiLD, RStitch, Single, Speculative
 

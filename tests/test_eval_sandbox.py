@@ -11,7 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.eval.sandbox import Limits, processes_of, run_program
+from tokenrouter.eval.sandbox import run_program
+from tokenrouter.eval.sandbox_limits import Limits
+from tokenrouter.eval.sandbox_uid import processes_of
 
 FAST = Limits(timeout_s=1.5, memory_bytes=512 << 20)
 NO_HOOK = Limits(timeout_s=1.5, memory_bytes=512 << 20, audit_hook=False)

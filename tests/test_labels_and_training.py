@@ -28,7 +28,9 @@ from tokenrouter.policies.routers import (
     save_router,
 )
 from tokenrouter.testing import build_tiny_model, build_tokenizer, load_reference_models, reference_generate
-from tokenrouter.training.labels import Labels, label, python_corpus, read_jsonl, summary
+from tokenrouter.training.corpus import python_corpus, read_jsonl
+from tokenrouter.training.labelling import label
+from tokenrouter.training.labels import Labels, summary
 from tokenrouter.training.router_training import (
     defer,
     features,
@@ -617,7 +619,7 @@ def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_pat
     """A JSONL line may leave the response out: the largest model writes it (greedy, through the
     engine), and labelling goes on over it."""
     from tokenrouter import Single
-    from tokenrouter.training.labels import generate_responses
+    from tokenrouter.training.corpus import generate_responses
 
     data = tmp_path / "prompts.jsonl"
     data.write_text(

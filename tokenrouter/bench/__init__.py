@@ -1,18 +1,29 @@
 """`tokenrouter bench`: routed serving against its baselines (`systems.py`), on generated workloads.
 
 - `workloads.py`: short reasoning, long reasoning and agentic sessions, generated from a seed and
-  sized in the served model's tokens (a `gpu` and a `cpu` size), or a JSONL file of your prompts;
+  sized in the served model's tokens (a `gpu` and a `cpu` size); `questions.py` and `agentic.py`
+  write their prompts, `prompt_file.py` reads a JSONL file of yours instead;
+- `sessions.py`: a session (one client's turns) and its size in tokens;
 - `systems.py`: routed, standard, standard+pc and lockstep (`Engine(mode=...)`);
+- `settings.py`: a run's configuration (`BenchConfig`), checked before anything loads;
 - `harness.py`: runs each system on the same models, prompts, concurrency levels and KV budget;
+- `engines.py`: opening, warming, draining and releasing each system's engine;
+- `closed_loop.py`: one measured run, C sessions in flight;
 - `metrics.py`: what a run records, and medians over repeats;
+- `results.py`: every run and its medians, with what produced them (`BenchResult`);
 - `report.py`: results.json, a markdown table per workload, plot.png.
 """
 
-from .harness import BenchConfig, BenchError, BenchResult, measure, run_bench
+from .closed_loop import measure
+from .harness import run_bench
 from .metrics import Run, Summary, Turn
+from .prompt_file import read_prompts
 from .report import markdown, plot, write_report
+from .results import BenchResult
+from .sessions import Session, Sizes
+from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS, System
-from .workloads import BUILT_IN, SIZES, Session, Sizes, WorkloadSpec, read_prompts, workload
+from .workloads import BUILT_IN, SIZES, WorkloadSpec, workload
 
 __all__ = [
     "BUILT_IN",

@@ -11,8 +11,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .harness import BenchResult
 from .metrics import Summary
+from .results import BenchResult
 
 DAGGER = "†"
 PLOT_HINT = "pip install 'tokenrouter[bench]'"

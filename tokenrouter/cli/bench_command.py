@@ -158,9 +158,10 @@ def bench_config(args):
     """Check every bench argument and build the harness's configuration (nothing loaded yet)."""
     import torch
 
-    from ..bench.harness import BenchConfig
+    from ..bench.prompt_file import read_prompts
+    from ..bench.settings import BenchConfig
     from ..bench.systems import SYSTEMS
-    from ..bench.workloads import BUILT_IN, read_prompts, workload
+    from ..bench.workloads import BUILT_IN, workload
     from ..errors import ConfigError
 
     args.device = device_from_arg(args.device)

@@ -230,8 +230,9 @@ def _plan(args, say, argv=None):
 
 
 def _report(out_dir: Path, say) -> None:
-    from ..eval.report import markdown, summarize, write_report
+    from ..eval.report import markdown, write_report
     from ..eval.results import RESULTS, ResultsFile
+    from ..eval.summary import summarize
 
     written, notes = write_report(out_dir)
     print(markdown(summarize(ResultsFile(out_dir / RESULTS).read())), end="")

@@ -127,7 +127,8 @@ def run(args, argv) -> int:
 
 
 def label(args) -> int:
-    from ..training.labels import generate_responses, label, python_corpus, read_jsonl
+    from ..training.corpus import generate_responses, python_corpus, read_jsonl
+    from ..training.labelling import label
 
     given = list(args.model) or list(store.DEFAULT_MODELS.items())
     names = [n for n, _ in given]

@@ -33,7 +33,7 @@ from pathlib import Path
 import anyio
 
 from ..api import Engine
-from ..bench.harness import release_memory, wait_free
+from ..bench.engines import release_memory, wait_free
 from ..bench.machine import machine_info
 from ..bench.metrics import percentile
 from ..config import ModelSpec, SamplingParams
@@ -43,7 +43,8 @@ from .data import Problem
 from .flops import describe, flops_per_token, parameter_counts
 from .prompt import PROMPT_VERSION, STOP, build_program, prompt_ids
 from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, header, model_fingerprint
-from .sandbox import Limits, run_program
+from .sandbox import run_program
+from .sandbox_limits import Limits
 from .settings import EvalSettings
 from .systems import System
 
