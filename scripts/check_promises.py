@@ -321,15 +321,15 @@ MUTATIONS = [
     Mutation(
         "lost-actor-ignored",
         "the requests of a Ray actor that is lost end with an error naming it, and nothing hangs",
-        "tokenrouter/distributed/fleet.py",
-        "            if self.closing or name in self.lost_workers:\n                return\n            log.error",
+        "tokenrouter/distributed/losses.py",
+        "            if self.closing or name in roster.lost:\n                return\n            log.error",
         "            if True:\n                return\n            log.error",
         ("tests/test_distributed_faults.py", "-k", "killing"),
     ),
     Mutation(
         "ray-fallback-drops-events",
         "without the direct channels, events reach the caller by Ray calls",
-        "tokenrouter/distributed/actor.py",
+        "tokenrouter/distributed/caller_queue.py",
         "            out, self._ready = self._ready, wire.EventBatch(source=self.source)\n",
         "            out, self._ready = wire.EventBatch(source=self.source), wire.EventBatch(source=self.source)\n",
         ("tests/test_distributed.py", "-k", "without_the_direct_channels"),

@@ -139,7 +139,7 @@ def test_batches_sent_once_a_worker_is_down_say_so():
     finds `health()` saying so too. Before, only the final batch said it, and a refusal could
     arrive first (a fresh-clone run saw health() healthy after its requests had failed)."""
     from tokenrouter.distributed import wire
-    from tokenrouter.distributed.actor import CallerQueue
+    from tokenrouter.distributed.caller_queue import CallerQueue
     from tokenrouter.engine.outbox import WorkerEvent
 
     class Channel:  # the direct channel's interface, keeping what was sent

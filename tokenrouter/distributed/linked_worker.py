@@ -50,5 +50,5 @@ class LinkedWorker(WorkerThread):
 
 def owned_requests(core) -> list[str]:
     """The requests a core owns: running or waiting there, not pending at a peer (the census
-    after a peer is lost, distributed/fleet.py)."""
+    after a peer is lost, distributed/losses.py)."""
     return [rid for rid, seq in core.seqs.items() if seq.status is not SeqStatus.PENDING]

@@ -8,14 +8,18 @@ hands them here (`on_batch`); a pump thread keeps one `take` open, whose reply c
 channel could not, and whether the worker lives. A `take` that fails
 because the actor died is how the loss is seen: no timeout of ours decides it, so a slow
 network only delays the replies. The loss goes to the fleet, which fails what was there.
+
+What it uses of the fleet is `FleetHooks` (the `Fleet` is one), so the fleet's modules import
+this one and not the reverse.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..config import ModelSpec
 from ..engine.model.loader import LoadedModel
@@ -25,23 +29,32 @@ from ..errors import ConfigError, ModelLoadError
 from . import wire
 from .links import CallerLink
 
-if TYPE_CHECKING:
-    from .fleet import Fleet
-
 log = logging.getLogger(__name__)
 
 TAKE_WAIT_S = 1.0  # a poll with nothing to report returns after this long (and says whether the worker lives)
 STATS_TIMEOUT_S = 30.0  # a statistics call that gets no answer returns the last ones seen
 
 
+class FleetHooks(Protocol):
+    """What a `RemoteWorker` asks of the fleet that made it, and tells it."""
+
+    in_flight: Callable[[], int]  # the engine's requests not yet ended (every poll carries it)
+
+    def incarnation(self, request_id: str) -> int: ...  # -1: not followed
+    def leave(self, request_id: str) -> tuple[int, int]: ...  # (its next event's number, its incarnation)
+    def lost(self, name: str, error: str) -> None: ...  # the worker is gone (`error` names it)
+    def receive(self, name: str, batch: wire.EventBatch) -> None: ...  # a batch from its actor
+
+
 class RemoteWorker:
     core_share = None  # workers in actors never take turns on the caller's cores
 
-    def __init__(self, name: str, spec: ModelSpec, handle, fleet: Fleet, sender: str, batch_min: int):
+    def __init__(self, name: str, spec: ModelSpec, handle, fleet: FleetHooks, ray, sender: str, batch_min: int):
         self.name = name
         self.spec = spec
         self.handle = handle
         self.fleet = fleet
+        self.ray = ray  # the module, connected
         self.batch_min = max(1, min(batch_min, spec.max_num_seqs))
         self.link = CallerLink(handle, sender)
         self.error: str | None = None
@@ -66,7 +79,7 @@ class RemoteWorker:
     def wait_ready(self) -> LoadedModel:
         """Block until the actor has loaded its model; raise its error (as ModelLoadError or
         ConfigError, naming the model) if it could not."""
-        ray = self.fleet.ray
+        ray = self.ray
         try:
             facts = ray.get(self._ready_ref)
         except ray.exceptions.RayError as e:
@@ -141,10 +154,10 @@ class RemoteWorker:
 
     def inspect(self, fn):
         """`fn(worker)` in the actor now, outside its stepping thread (tests, debugging): its result."""
-        return self.fleet.ray.get(self.handle.inspect.remote(fn))
+        return self.ray.get(self.handle.inspect.remote(fn))
 
     def routing_counters(self) -> dict:
-        return self.fleet.ray.get(self.handle.routing_counters.remote())
+        return self.ray.get(self.handle.routing_counters.remote())
 
     # ---- state ------------------------------------------------------------------------------
     @property
@@ -168,7 +181,7 @@ class RemoteWorker:
     def stats(self) -> WorkerStats:
         """The actor's statistics now; once it is gone, the last ones seen."""
         if self.alive:
-            ray = self.fleet.ray
+            ray = self.ray
             try:
                 self.last_stats = ray.get(self.handle.stats.remote(), timeout=STATS_TIMEOUT_S)
             except ray.exceptions.RayError as e:
@@ -181,7 +194,7 @@ class RemoteWorker:
 
     # ---- the pump ---------------------------------------------------------------------------
     def _poll(self) -> None:
-        ray = self.fleet.ray
+        ray = self.ray
         try:
             while True:
                 try:
