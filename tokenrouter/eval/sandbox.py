@@ -146,6 +146,8 @@ def _run(python: str, program: str, work: str, uid: int | None, limits: Limits) 
         except subprocess.TimeoutExpired:
             timed_out = True
         finally:
+            if uid is not None:  # every process of its uid at once, before any slot frees: one
+                kill_uid(uid)  # killed first would let a survivor fork (and print) into its slot
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)  # its group, whether it ended or not
             proc.wait()
