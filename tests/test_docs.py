@@ -1,4 +1,4 @@
-"""The runnable examples in docs/ run as written."""
+"""The runnable examples in docs/ run as written, and its generated reference is current."""
 
 import re
 import subprocess
@@ -28,3 +28,11 @@ def test_custom_policy_example_in_docs_runs(tmp_path):
 def test_verifying_policy_example_in_docs_runs(tmp_path):
     out = _run_example("## Verifying policies", "/tmp/draft_three", tmp_path)
     assert "'small'" in out and "'large'" in out  # both wrote accepted tokens
+
+
+def test_the_configuration_reference_is_made_from_the_fields():
+    """docs/sdk.md's tables of options are the fields' own defaults and descriptions, as
+    `python -m tokenrouter.config.reference` writes them (run it after changing a field)."""
+    from tokenrouter.config.reference import reference
+
+    assert reference() in (ROOT / "docs" / "sdk.md").read_text(encoding="utf-8")

@@ -107,13 +107,19 @@ class ModelSpec(BaseModel):
     placement: RayPlacement | None = Field(
         None, description="None: the worker runs in the caller's process; else in a Ray actor with these resources."
     )
-    path: Path
+    path: Path = Field(
+        description="A Hugging Face model directory, a .gguf file, or the name of a store model (`tokenrouter models`)."
+    )
     dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
-    device: str = "cpu"
+    device: str = Field("cpu", description="A torch device: 'cpu', 'cuda', 'cuda:1', ...")
     tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
-    kv_cache_tokens: int | None = Field(None, ge=1, strict=True)
-    kv_cache_bytes: int | None = Field(None, ge=1, strict=True)
-    block_size: int = Field(16, ge=1, le=1024, strict=True)
+    kv_cache_tokens: int | None = Field(
+        None, ge=1, strict=True, description="The KV pool's size in tokens (16384 when neither budget is given)."
+    )
+    kv_cache_bytes: int | None = Field(
+        None, ge=1, strict=True, description="The KV pool's size in bytes, instead of kv_cache_tokens."
+    )
+    block_size: int = Field(16, ge=1, le=1024, strict=True, description="Tokens per KV block.")
     max_num_seqs: int = Field(64, ge=1, le=4096, strict=True, description="Most requests in one batch.")
     max_num_batched_tokens: int = Field(
         512, ge=1, strict=True, description="Token budget of one step (chunked prefill)."

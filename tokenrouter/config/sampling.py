@@ -99,8 +99,8 @@ class SamplingParams(BaseModel):
     stop: list[StrictStr] = Field(default_factory=list, description="Stop strings; excluded from the text.")
     stop_token_ids: list[StrictInt] = Field(default_factory=list, description="Extra token ids that end generation.")
     ignore_eos: bool = Field(False, strict=True, description="Keep generating past the model's EOS tokens.")
-    include_stop_str_in_output: bool = Field(False, strict=True)
-    skip_special_tokens: bool = Field(True, strict=True)
+    include_stop_str_in_output: bool = Field(False, strict=True, description="Keep a matched stop string in the text.")
+    skip_special_tokens: bool = Field(True, strict=True, description="Leave special tokens out of the text.")
     n: int = Field(1, ge=1, le=128, strict=True, description="Samples of the prompt, sharing its KV blocks.")
     response_format: ResponseFormat | None = Field(
         None, description="Constrain the output: a JSON Schema (or pydantic model class), a Regex or a Grammar."
