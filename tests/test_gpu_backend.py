@@ -121,7 +121,7 @@ def test_paged_layout_describes_the_torch_backends_attention(tiny_model, window)
     rng = random.Random(0)
     runner, cache = _runner(tiny_model)
     batch = _mixed_step(runner, rng)
-    _, _, meta, _, _ = runner.prepare(batch)
+    meta = runner.prepare(batch).meta
     layout = PagedLayout.from_metadata(meta)
     assert torch.equal(layout.slots(), meta.slot_mapping)
     assert layout.qo_indptr.tolist() == [0, 1, 2, 3, 6, 11, 13]
@@ -166,7 +166,8 @@ def test_padding_a_decode_step_leaves_real_rows_and_their_cache_unchanged(tiny_m
     scratch = cache.num_blocks - 1
     batch = _mixed_step(runner, rng)
     decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)
-    ids, pos, meta, _, _ = runner.prepare(decode)
+    step = runner.prepare(decode)
+    ids, pos, meta = step.input_ids, step.positions, step.meta
     before_k = [t.clone() for t in cache.k]
 
     runner.backend.plan(meta)
@@ -335,7 +336,7 @@ def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfe
 
     runner, cache = _runner(tiny_model)
     batch = _mixed_step(runner, random.Random(4))
-    _, _, meta, _, _ = runner.prepare(batch)
+    meta = runner.prepare(batch).meta
     lay = cache.layout
     torch.manual_seed(1)
     heads = lay.num_kv_heads * 2
@@ -368,7 +369,8 @@ def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_mode
     eager = FlashInferPagedAttention(cache, 4, torch.device("cpu"))
     runner.backend = eager
     decode = ScheduledBatch(batch.seqs[:3], [1, 1, 1], 3)
-    ids, pos, meta, _, _ = runner.prepare(decode)
+    step = runner.prepare(decode)
+    ids, pos, meta = step.input_ids, step.positions, step.meta
     eager.plan(meta)
     expected, _ = runner.run_model(ids, pos, meta, keep=0)
     graphed = FlashInferPagedAttention(cache, 4, torch.device("cpu"))
@@ -414,7 +416,7 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
     rng = random.Random(2)
     runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda")
     batch = _mixed_step(runner, rng)
-    _, _, meta, _, _ = runner.prepare(batch)
+    meta = runner.prepare(batch).meta
     lay = cache.layout
     torch.manual_seed(0)
     q = torch.randn(len(meta.slot_mapping), 4, lay.head_dim, device="cuda", dtype=torch.bfloat16)

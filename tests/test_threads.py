@@ -13,7 +13,7 @@ import torch
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.worker.cpu_turns import usable_cores
+from tokenrouter.engine.model.torch_threads import usable_cores
 from tokenrouter.policies import RStitch
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)

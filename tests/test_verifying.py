@@ -604,7 +604,7 @@ def test_a_policy_bound_to_an_engine_still_travels_to_an_actor():
     assert spec.in_flight("large", 1) == 1
     copy = pickle.loads(pickle.dumps(spec))
     assert copy.engine_in_flight is None and copy.k == 3 and spec.engine_in_flight is not None
-    assert copy._in_flight("large", 2) == 2  # unbound: the latest steps stand in
+    assert copy.in_flight("large", 2) == 2  # unbound: the latest steps stand in
 
 
 PENALTY_KINDS = [

@@ -21,8 +21,9 @@ import anyio
 import torch
 
 from ..engine.model.loader import LoadedModel
+from ..engine.model.torch_threads import usable_cores
 from ..engine.model_core import ModelCore
-from ..engine.worker.cpu_turns import CoreShare, usable_cores
+from ..engine.worker.cpu_turns import CoreShare
 from ..engine.worker.lockstep import LockstepDriver
 from ..engine.worker.protocol import Sink, Worker, WorkerSettings
 from ..engine.worker.thread import WorkerThread

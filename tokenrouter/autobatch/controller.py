@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..engine.worker.cpu_turns import usable_cores
+from ..engine.model.torch_threads import usable_cores
 from . import latency_profile
 from .latency_models import TableLatency
 from .latency_profile import LatencyProfile

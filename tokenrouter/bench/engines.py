@@ -14,7 +14,7 @@ import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
-from ..engine.worker.cpu_turns import usable_cores
+from ..engine.model.torch_threads import usable_cores
 from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS
 

@@ -11,9 +11,9 @@ import torch
 
 from ..attention.backend import AttentionBackend, AttentionMetadata, step_context
 from ..sched.batch import ScheduledBatch
-from ..worker.cpu_turns import use_threads
 from .cuda_graph import DecodeGraphs
 from .loader import LoadedModel
+from .torch_threads import use_threads
 
 log = logging.getLogger(__name__)
 
@@ -31,6 +31,28 @@ class ForwardOutput:
     # per batch row whose chunk holds prompt positions still to be scored (prompt_logprobs):
     # (first such position p, [count, vocab] logits at p .. p + count - 1, each predicting the next)
     prompt: dict[int, tuple[int, torch.Tensor]] = field(default_factory=dict)
+
+
+@dataclass
+class PackedRows:
+    """A step's rows as they are packed: token ids, and per row its positions and cache slots."""
+
+    ids: list[int] = field(default_factory=list)
+    positions: list[torch.Tensor] = field(default_factory=list)
+    slots: list[torch.Tensor] = field(default_factory=list)
+    sample_rows: list[int] = field(default_factory=list)
+    last_index: list[int] = field(default_factory=list)
+
+
+@dataclass
+class PreparedStep:
+    """A scheduled batch as the model takes it: one packed row of tokens."""
+
+    input_ids: torch.Tensor  # [tokens]
+    positions: torch.Tensor  # [tokens]
+    meta: AttentionMetadata
+    sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
+    last_index: list[int]  # for each of those, its last token's index in the packed row
 
 
 class HiddenCapture:
@@ -101,69 +123,71 @@ class ModelRunner:
         bs = self.block_size
         return block_table[positions // bs] * bs + positions % bs
 
-    def prepare(
-        self, batch: ScheduledBatch
-    ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata, list[int], list[int]]:
-        dev = self.device
-        bs = self.block_size
-        ids: list[int] = []
-        pos_chunks: list[torch.Tensor] = []
-        slot_chunks: list[torch.Tensor] = []
-        sample_rows: list[int] = []
-        last_index: list[int] = []
-        nd = batch.num_decode
-
-        tables = decode_mask = decode_positions = None
-        if nd:
-            dseqs = batch.seqs[:nd]
-            ctx = [s.num_computed + 1 for s in dseqs]
-            width = max(len(s.block_table) for s in dseqs)
-            tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs], device=dev)
-            ctx_t = torch.tensor(ctx, device=dev)
-            decode_mask = torch.arange(width * bs, device=dev)[None, :] < ctx_t[:, None]
-            decode_positions = ctx_t - 1
-            ids.extend(s.token_ids[s.num_computed] for s in dseqs)
-            pos_chunks.append(decode_positions)
-            last_block = tables.gather(1, (decode_positions // bs)[:, None]).squeeze(1)
-            slot_chunks.append(last_block * bs + decode_positions % bs)
-            sample_rows.extend(range(nd))
-            last_index.extend(range(nd))
-
-        prefill_rows: list[tuple[int, int, int]] = []
-        prefill_slots: list[torch.Tensor | None] = []
-        start = nd
-        for row in range(nd, len(batch)):
-            seq, n = batch.seqs[row], batch.num_new[row]
-            first = seq.num_computed
-            ctx_len = first + n
-            table = torch.tensor(seq.block_table, device=dev)
-            ids.extend(seq.token_ids[first:ctx_len])
-            pos = torch.arange(first, ctx_len, device=dev)
-            pos_chunks.append(pos)
-            slot_chunks.append(self._slots(table, pos))
-            prefill_rows.append((start, n, ctx_len))
-            prefill_slots.append(self._slots(table, torch.arange(ctx_len, device=dev)) if first else None)
-            if ctx_len == len(seq.token_ids):
-                sample_rows.append(row)
-                last_index.append(start + n - 1)
-            start += n
-
-        input_ids = torch.tensor(ids, device=dev)
-        positions = torch.cat(pos_chunks)
+    def prepare(self, batch: ScheduledBatch) -> PreparedStep:
+        """The batch packed into one row of tokens (no padding): the decode rows first, then the
+        prefill and catch-up rows, with positions, cache slots and the attention metadata."""
+        rows = PackedRows()
+        decode = self.pack_decodes(batch, rows)
+        prefill_rows, prefill_slots = self.pack_prefills(batch, rows)
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(slot_chunks),
-            num_decode=nd,
-            decode_block_tables=tables,
-            decode_mask=decode_mask,
-            decode_positions=decode_positions,
+            slot_mapping=torch.cat(rows.slots),
+            num_decode=batch.num_decode,
+            decode_block_tables=decode[0],
+            decode_mask=decode[1],
+            decode_positions=decode[2],
             prefill_rows=prefill_rows,
             prefill_slots=prefill_slots,
             query_lens=batch.num_new,
             context_lens=[s.num_computed + n for s, n in zip(batch.seqs, batch.num_new)],
             block_tables=[s.block_table for s in batch.seqs],
-            block_size=bs,
+            block_size=self.block_size,
         )
-        return input_ids, positions, meta, sample_rows, last_index
+        input_ids = torch.tensor(rows.ids, device=self.device)
+        return PreparedStep(input_ids, torch.cat(rows.positions), meta, rows.sample_rows, rows.last_index)
+
+    def pack_decodes(self, batch: ScheduledBatch, rows: PackedRows) -> tuple:
+        """The decode rows, one token each: their padded block tables, context mask and positions."""
+        nd = batch.num_decode
+        if not nd:
+            return None, None, None
+        dev, bs = self.device, self.block_size
+        dseqs = batch.seqs[:nd]
+        width = max(len(s.block_table) for s in dseqs)
+        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs], device=dev)
+        ctx = torch.tensor([s.num_computed + 1 for s in dseqs], device=dev)
+        mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
+        positions = ctx - 1
+        rows.ids.extend(s.token_ids[s.num_computed] for s in dseqs)
+        rows.positions.append(positions)
+        last_block = tables.gather(1, (positions // bs)[:, None]).squeeze(1)
+        rows.slots.append(last_block * bs + positions % bs)
+        rows.sample_rows.extend(range(nd))
+        rows.last_index.extend(range(nd))
+        return tables, mask, positions
+
+    def pack_prefills(self, batch: ScheduledBatch, rows: PackedRows) -> tuple[list, list]:
+        """The prefill and catch-up rows: per row (start in the packed tokens, new tokens, context
+        length), and the cache slots of its whole context when part of it was cached before."""
+        dev = self.device
+        prefill_rows: list[tuple[int, int, int]] = []
+        prefill_slots: list[torch.Tensor | None] = []
+        start = batch.num_decode
+        for row in range(batch.num_decode, len(batch)):
+            seq, n = batch.seqs[row], batch.num_new[row]
+            first = seq.num_computed
+            ctx_len = first + n
+            table = torch.tensor(seq.block_table, device=dev)
+            rows.ids.extend(seq.token_ids[first:ctx_len])
+            pos = torch.arange(first, ctx_len, device=dev)
+            rows.positions.append(pos)
+            rows.slots.append(self._slots(table, pos))
+            prefill_rows.append((start, n, ctx_len))
+            prefill_slots.append(self._slots(table, torch.arange(ctx_len, device=dev)) if first else None)
+            if ctx_len == len(seq.token_ids):
+                rows.sample_rows.append(row)
+                rows.last_index.append(start + n - 1)
+            start += n
+        return prefill_rows, prefill_slots
 
     def forward(self, batch: ScheduledBatch) -> ForwardOutput:
         if self.compute is not None:
@@ -175,7 +199,9 @@ class ModelRunner:
         """The forward, in the calling thread (`forward` runs it in the compute thread, if any)."""
         if self.threads is not None:
             use_threads(self.threads)
-        input_ids, positions, meta, sample_rows, last_index = self.prepare(batch)
+        step = self.prepare(batch)
+        input_ids, positions, meta = step.input_ids, step.positions, step.meta
+        sample_rows, last_index = step.sample_rows, step.last_index
         extra, spans = self.verify_positions(batch)
         scored, prompt_spans = self.prompt_positions(batch)
         t0 = time.perf_counter()

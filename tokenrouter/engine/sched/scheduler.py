@@ -16,7 +16,7 @@ preempted: its blocks are freed and it waits to be recomputed. Nothing generated
 from __future__ import annotations
 
 from collections import OrderedDict, deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..kv.block_manager import BlockManager
 from ..sequence import SeqStatus, Sequence
@@ -32,6 +32,28 @@ class SchedulerStats:
     pending: int  # away at a peer, blocks kept unless evicted
     preemptions: int
     evictions: int
+
+
+@dataclass
+class StepFill:
+    """A step's batch as it is being filled: the token budget left, and the rows so far."""
+
+    budget: int
+    decodes: list[Sequence] = field(default_factory=list)
+    prefills: list[tuple[Sequence, int]] = field(default_factory=list)  # (sequence, tokens this step)
+    kept: list[Sequence] = field(default_factory=list)  # running, keeping their blocks, skipping this step
+    failed: list[tuple[Sequence, Exception]] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return len(self.decodes) + len(self.prefills) + len(self.kept)
+
+    def take(self, seq: Sequence, n: int) -> None:
+        self.budget -= n
+        if n == 1 and seq.num_uncomputed == 1:
+            self.decodes.append(seq)
+        else:
+            self.prefills.append((seq, n))
 
 
 class PoolTooSmall(Exception):
@@ -131,53 +153,59 @@ class Scheduler:
 
     def schedule(self) -> tuple[ScheduledBatch | None, list[tuple[Sequence, Exception]]]:
         """Pick this step's batch; also return sequences that can never fit, to be failed."""
-        budget = self.max_num_batched_tokens
-        failed: list[tuple[Sequence, Exception]] = []
-        decodes: list[Sequence] = []
-        prefills: list[tuple[Sequence, int]] = []
-        kept: list[Sequence] = []  # running sequences that keep their blocks but skip this step
+        step = StepFill(self.max_num_batched_tokens)
+        self.schedule_running(step)
+        self.admit_waiting(step)
+        self.running.extend(step.decodes)
+        self.running.extend(s for s, _ in step.prefills)
+        self.running.extend(step.kept)
+        if not step.decodes and not step.prefills:
+            return None, step.failed
+        seqs = step.decodes + [s for s, _ in step.prefills]
+        num_new = [1] * len(step.decodes) + [n for _, n in step.prefills]
+        return ScheduledBatch(seqs=seqs, num_new=num_new, num_decode=len(step.decodes)), step.failed
 
-        # Running decodes first (one token each), then unfinished prefills and catch-ups.
+    def schedule_running(self, step: StepFill) -> None:
+        """Running decodes first (one token each), then unfinished prefills and catch-ups; when a
+        sequence needs a block and none is free, the most recently admitted is preempted."""
         queue = deque(sorted(self.running, key=lambda s: s.num_uncomputed > 1))
         self.running.clear()
         while queue:
             seq = queue.popleft()
             n = seq.num_uncomputed
             if n > 1:
-                n = self._chunk(seq, budget)
-            if n == 0 or budget == 0:
-                kept.append(seq)
+                n = self._chunk(seq, step.budget)
+            if n == 0 or step.budget == 0:
+                step.kept.append(seq)
                 continue
             target = seq.num_computed + n
             while not self._grow(seq, target):
                 victim = queue.pop() if queue else None
                 if victim is None:
-                    if not decodes and not prefills and not kept:
-                        failed.append((seq, self._too_big(target)))
+                    if not step.rows:
+                        step.failed.append((seq, self._too_big(target)))
                         self.blocks.free(seq)
                     else:
                         self._preempt(seq)
                     seq = None
                     break
                 self._preempt(victim)
-            if seq is None:
-                continue
-            budget -= n
-            if n == 1 and seq.num_uncomputed == 1:
-                decodes.append(seq)
-            else:
-                prefills.append((seq, n))
+            if seq is not None:
+                step.take(seq, n)
 
-        # Admit waiting sequences. One whose next uncached block another admission computes in
-        # this very step waits a step and then finds it cached (the prefix is computed once).
+    def admit_waiting(self, step: StepFill) -> None:
+        """Admit waiting sequences while budget, batch size and KV blocks allow. One whose next
+        uncached block another admission computes in this very step waits a step and then finds
+        it cached (the prefix is computed once)."""
         computing: set[int] = set()  # hashes of the full blocks this step's admissions compute
         deferred: list[Sequence] = []
-        while self.waiting and budget > 0 and len(decodes) + len(prefills) + len(kept) < self.max_num_seqs:
+        bs = self.blocks.block_size
+        while self.waiting and step.budget > 0 and step.rows < self.max_num_seqs:
             seq = self.waiting[0]
             total = len(seq.token_ids)
             if self.blocks.blocks_for(total) > self.blocks.num_blocks:
                 self.waiting.popleft()
-                failed.append((seq, self._too_big(total)))
+                step.failed.append((seq, self._too_big(total)))
                 continue
             hashes: list[int] = []
             if not seq.block_table:
@@ -186,17 +214,16 @@ class Scheduler:
                     deferred.append(self.waiting.popleft())
                     continue
                 self.blocks.match_prefix(seq, (hashes, cached))
-            n = self._chunk(seq, budget)
+            n = self._chunk(seq, step.budget)
             if n == 0:  # its last chunk must hold a verifier's check whole: next step
                 self.blocks.free(seq)
                 break
-            bs = self.blocks.block_size
             need = self.blocks.blocks_for(seq.num_computed + n) - len(seq.block_table)
             if need > self.blocks.num_free:
                 self._evict_pending(need)
             fits = (len(seq.block_table) + self.blocks.num_free) * bs - seq.num_computed
             if fits < n:
-                if decodes or prefills or kept:  # others hold the memory: wait for them to finish
+                if step.rows:  # others hold the memory: wait for them to finish
                     self.blocks.free(seq)
                     break
                 n = self._chunk(seq, fits)  # alone: prefill in chunks that fit
@@ -207,18 +234,5 @@ class Scheduler:
             self.waiting.popleft()
             seq.status = SeqStatus.RUNNING
             computing.update(hashes[seq.num_computed // bs : (seq.num_computed + n) // bs])
-            budget -= n
-            if n == 1 and seq.num_uncomputed == 1:
-                decodes.append(seq)
-            else:
-                prefills.append((seq, n))
-
+            step.take(seq, n)
         self.waiting.extendleft(reversed(deferred))  # first in line next step, in their order
-        self.running.extend(decodes)
-        self.running.extend(s for s, _ in prefills)
-        self.running.extend(kept)
-        if not decodes and not prefills:
-            return None, failed
-        seqs = decodes + [s for s, _ in prefills]
-        num_new = [1] * len(decodes) + [n for _, n in prefills]
-        return ScheduledBatch(seqs=seqs, num_new=num_new, num_decode=len(decodes)), failed

@@ -25,10 +25,11 @@ from typing import Any
 import torch
 
 from ..model.loader import LoadedModel
+from ..model.torch_threads import usable_cores, use_threads
 from ..model_core import ModelCore
 from ..outbox import Outbox
 from ..sequence import Request
-from .cpu_turns import CoreShare, usable_cores, use_threads
+from .cpu_turns import CoreShare
 from .inbox import Abort, Call, HandOff, Inbox, Message, Release, Stop, Submit
 from .protocol import Sink, WorkerSettings
 from .stats import WorkerStats
