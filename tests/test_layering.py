@@ -1,5 +1,6 @@
-"""The shape of the code: dependencies point one way (the import-linter contract in pyproject.toml),
-and no module reaches into another's `_`-prefixed members."""
+"""The shape of the code: dependencies point one way (the import-linter contracts in pyproject.toml,
+which place every module of the package, of the engine and of the API, and count imports made
+only for type checking too), and no module reaches into another's `_`-prefixed members."""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_the_check_finds_what_it_looks_for():
     assert private_uses(code) == [(2, "from m import _x"), (5, "o._b")]
 
 
-@pytest.mark.parametrize("folder", ["tokenrouter", "benchmarks"])
+@pytest.mark.parametrize("folder", ["tokenrouter", "benchmarks", "tests", "examples"])
 def test_no_module_touches_another_modules_private_members(folder):
     bad = [
         f"{path.relative_to(ROOT)}:{line}: {what}"
@@ -56,7 +57,7 @@ def test_no_module_touches_another_modules_private_members(folder):
 def _lint_imports(root: Path) -> subprocess.CompletedProcess:
     """import-linter over the package at `root` (its pyproject.toml's contract)."""
     return subprocess.run(
-        [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        [str(LINT_IMPORTS), str(root / "pyproject.toml"), "--no-cache"],
         cwd=root,
         capture_output=True,
         text=True,
@@ -67,15 +68,39 @@ def _lint_imports(root: Path) -> subprocess.CompletedProcess:
 def test_dependencies_point_one_way():
     res = _lint_imports(ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
-    assert "1 kept, 0 broken" in res.stdout
+    assert "3 kept, 0 broken" in res.stdout
 
 
-def test_the_contract_catches_a_reversed_import(tmp_path):
-    """The engine importing the API (upward) breaks the contract."""
+BREAKS = [
+    # the engine importing the API (upward)
+    ("engine/model_core.py", "from ..api import Engine", "tokenrouter.engine.model_core -> tokenrouter.api"),
+    # a policy importing the engine, if only to type a parameter: the package cycle counts
+    (
+        "policies/speculative.py",
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ..engine.sequence import Sequence",
+        "tokenrouter.policies.speculative -> tokenrouter.engine.sequence",
+    ),
+    # a room of the engine importing the worker above it
+    ("engine/kv/cache.py", "from ..worker import thread", "tokenrouter.engine.kv.cache -> tokenrouter.engine.worker"),
+]
+
+
+@pytest.mark.parametrize("path, line, expected", BREAKS, ids=["upward", "type-checking", "room"])
+def test_the_contracts_catch_an_import_against_the_layers(tmp_path, path, line, expected):
     shutil.copytree(ROOT / "tokenrouter", tmp_path / "tokenrouter", ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
-    core = tmp_path / "tokenrouter" / "engine" / "model_core.py"
-    core.write_text(core.read_text() + "\nfrom ..api import Engine  # noqa: E402\n")
+    module = tmp_path / "tokenrouter" / path
+    module.write_text(module.read_text() + "\n" + line + "  # noqa\n")
     res = _lint_imports(tmp_path)
     assert res.returncode != 0
-    assert "tokenrouter.engine.model_core -> tokenrouter.api" in res.stdout, res.stdout
+    assert expected in res.stdout, res.stdout
+
+
+def test_a_module_the_contracts_do_not_place_breaks_them(tmp_path):
+    """The contracts are exhaustive: a new top-level module must be given its layer."""
+    shutil.copytree(ROOT / "tokenrouter", tmp_path / "tokenrouter", ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    (tmp_path / "tokenrouter" / "stray.py").write_text('"""Placed nowhere."""\n')
+    res = _lint_imports(tmp_path)
+    assert res.returncode != 0
+    assert "tokenrouter.stray" in res.stdout, res.stdout
