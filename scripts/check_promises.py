@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/check_promises.py [NAME ...]
 
-For every promise of docs/reliability.md, and every policy's rule (tests/test_policy_rules.py),
+For every promise of docs/reliability.md, and every policy's rule (tests/policies/test_policy_rules.py),
 this applies one small mutation that breaks it to a copy of the source tree, runs the tests that
 guard the promise on that copy, and expects them
 to FAIL (a run that hangs past the limit counts as failing too). The unmodified tree must pass
@@ -136,7 +136,7 @@ MUTATIONS = [
         "tokenrouter/engine/kv/block_manager.py",
         "        seq.block_table = []\n        seq.num_computed = 0\n",
         "        seq.block_table = []\n        seq.num_computed = min(seq.num_computed, 1)\n",
-        ("tests/test_load.py", "tests/test_routing.py::test_eviction_of_pending_requests_keeps_outputs"),
+        ("tests/test_load.py", "tests/engine/test_routing.py::test_eviction_of_pending_requests_keeps_outputs"),
     ),
     Mutation(
         "too-big-admitted",
@@ -144,7 +144,7 @@ MUTATIONS = [
         "tokenrouter/api/input_processor.py",
         "            if need > holds:\n",
         "            if False:\n",
-        ("tests/test_kv_pool.py",),
+        ("tests/engine/test_kv_pool.py",),
     ),
     Mutation(
         "channel-not-thread-safe",
@@ -160,16 +160,16 @@ MUTATIONS = [
         "tokenrouter/api/prompts.py",
         '"\\x00"',
         '"\\x01\\x02"',
-        ("tests/test_bad_input.py",),
+        ("tests/api/test_request_input.py",),
     ),
-    # ---- the policies' rules (tests/test_policy_rules.py): each comparison at its boundary ----
+    # ---- the policies' rules (tests/policies/test_policy_rules.py): each comparison at its boundary ----
     Mutation(
         "entropy-wrong-scale",
         "normalized entropy is H / log V",
         "tokenrouter/policies/base.py",
         "    return h / math.log(logits.shape[-1])\n",
         "    return h / math.log(logits.shape[-1] + 1)\n",
-        ("tests/test_policy_rules.py", "-k", "entropy"),
+        ("tests/policies/test_policy_rules.py", "-k", "entropy"),
     ),
     Mutation(
         "rstitch-strict-boundary",
@@ -177,7 +177,7 @@ MUTATIONS = [
         "tokenrouter/policies/rstitch.py",
         "        confident = result.entropy <= self.tau\n",
         "        confident = result.entropy < self.tau\n",
-        ("tests/test_policy_rules.py", "-k", "rstitch"),
+        ("tests/policies/test_policy_rules.py", "-k", "rstitch"),
     ),
     Mutation(
         "rstitch-large-discards",
@@ -185,7 +185,7 @@ MUTATIONS = [
         "tokenrouter/policies/rstitch.py",
         "        return Route(keep=torch.ones_like(confident), next_model=next_model)\n",
         "        return Route(keep=confident, next_model=next_model)\n",
-        ("tests/test_policy_rules.py", "-k", "rstitch"),
+        ("tests/policies/test_policy_rules.py", "-k", "rstitch"),
     ),
     Mutation(
         "escalation-stays-up",
@@ -193,7 +193,7 @@ MUTATIONS = [
         "tokenrouter/policies/escalation.py",
         "        next_model = torch.where(escalate, i + 1, 0)\n",
         "        next_model = torch.where(escalate, i + 1, i)\n",
-        ("tests/test_policy_rules.py", "-k", "escalation"),
+        ("tests/policies/test_policy_rules.py", "-k", "escalation"),
     ),
     Mutation(
         "escalation-inclusive",
@@ -201,7 +201,7 @@ MUTATIONS = [
         "tokenrouter/policies/escalation.py",
         "        escalate = result.entropy.cpu() > self.taus[i]\n",
         "        escalate = result.entropy.cpu() >= self.taus[i]\n",
-        ("tests/test_policy_rules.py", "-k", "escalation"),
+        ("tests/policies/test_policy_rules.py", "-k", "escalation"),
     ),
     Mutation(
         "r2r-strict",
@@ -209,7 +209,7 @@ MUTATIONS = [
         "tokenrouter/policies/r2r.py",
         "        return p >= threshold\n",
         "        return p > threshold\n",
-        ("tests/test_policy_rules.py", "-k", "deferral"),
+        ("tests/policies/test_policy_rules.py", "-k", "deferral"),
     ),
     Mutation(
         "collm-inclusive",
@@ -217,7 +217,7 @@ MUTATIONS = [
         "tokenrouter/policies/collm.py",
         "        return p > threshold\n",
         "        return p >= threshold\n",
-        ("tests/test_policy_rules.py", "-k", "deferral"),
+        ("tests/policies/test_policy_rules.py", "-k", "deferral"),
     ),
     Mutation(
         "citer-flipped",
@@ -225,7 +225,7 @@ MUTATIONS = [
         "tokenrouter/policies/citer.py",
         "        return p < threshold\n",
         "        return p > threshold\n",
-        ("tests/test_policy_rules.py", "-k", "deferral"),
+        ("tests/policies/test_policy_rules.py", "-k", "deferral"),
     ),
     Mutation(
         "deferral-large-stays",
@@ -233,7 +233,7 @@ MUTATIONS = [
         "tokenrouter/policies/deferral.py",
         "            return Route(keep=keep, next_model=torch.zeros(len(result), dtype=torch.long))\n",
         "            return Route(keep=keep, next_model=torch.ones(len(result), dtype=torch.long))\n",
-        ("tests/test_policy_rules.py", "-k", "deferral"),
+        ("tests/policies/test_policy_rules.py", "-k", "deferral"),
     ),
     Mutation(
         "r2r-features-reordered",
@@ -241,7 +241,7 @@ MUTATIONS = [
         "tokenrouter/policies/routers.py",
         "    return torch.cat([hidden, token_embedding.float(), top], dim=-1)\n",
         "    return torch.cat([token_embedding.float(), hidden, top], dim=-1)\n",
-        ("tests/test_policy_rules.py", "-k", "router_features"),
+        ("tests/policies/test_policy_rules.py", "-k", "router_features"),
     ),
     Mutation(
         "speculative-accepts-every-draft",
@@ -249,7 +249,7 @@ MUTATIONS = [
         "tokenrouter/policies/speculative.py",
         "            if u[j] * float(qj[x]) < float(p[j, x]):  # accepted with probability min(1, p/q)\n",
         "            if True:  # mutation: every draft accepted\n",
-        ("tests/test_verifying.py", "-k", "draws_from_the_target"),
+        ("tests/policies/test_verifying.py", "-k", "draws_from_the_target"),
     ),
     Mutation(
         "speculative-greedy-accepts-every-draft",
@@ -257,7 +257,7 @@ MUTATIONS = [
         "tokenrouter/policies/speculative.py",
         "        accept = torch.where(agree.all(dim=1), result.num_drafts, (~agree).long().argmax(dim=1))\n",
         "        accept = result.num_drafts.clone()\n",
-        ("tests/test_verifying.py", "-k", "equals_the_large_model_alone and 4"),
+        ("tests/policies/test_verifying.py", "-k", "equals_the_large_model_alone and 4"),
     ),
     Mutation(
         "rollback-keeps-the-cached-block",
@@ -265,7 +265,7 @@ MUTATIONS = [
         "tokenrouter/engine/kv/block_manager.py",
         "            if self.ref_counts[last] > 1 or self.block_keys[last] is not None:\n",
         "            if self.ref_counts[last] > 1:\n",
-        ("tests/test_verifying.py", "-k", "never_changes_a_cached_block"),
+        ("tests/policies/test_verifying.py", "-k", "never_changes_a_cached_block"),
     ),
     Mutation(
         "check-rows-unpenalized",
@@ -275,7 +275,7 @@ MUTATIONS = [
         "        spans = step_logits.process_spans([seqs[i] for i in checks], "
         "[fwd.verify[fwd.sample_rows[i]] for i in checks])\n",
         "        spans = [fwd.verify[fwd.sample_rows[i]] for i in checks]\n",
-        ("tests/test_verifying.py", "-k", "penalized_large_model and 2"),
+        ("tests/policies/test_verifying.py", "-k", "penalized_large_model and 2"),
     ),
     Mutation(
         "prompt-logprobs-take-cache-hits",
@@ -284,7 +284,7 @@ MUTATIONS = [
         "        if self.needs_prompt_logits:\n"
         "            return min(self.first_logit_position, len(self.prompt_logprobs))\n",
         "",
-        ("tests/test_logprobs.py", "-k", "prompt_logprobs"),
+        ("tests/sampling/test_logprobs.py", "-k", "prompt_logprobs"),
     ),
     Mutation(
         "repetition-penalty-skips-the-prompt",
@@ -292,7 +292,7 @@ MUTATIONS = [
         "tokenrouter/sampling/penalties.py",
         "    in_context.scatter_(1, torch.where(seen, tokens, vocab), True)\n",
         "    in_context.scatter_(1, torch.where(output, tokens, vocab), True)\n",
-        ("tests/test_penalties.py", "-k", "row_by_row"),
+        ("tests/sampling/test_penalties.py", "-k", "row_by_row"),
     ),
     Mutation(
         "hidden-state-off",
@@ -300,7 +300,7 @@ MUTATIONS = [
         "tokenrouter/engine/model/runner.py",
         "        self.hidden = args[0]\n",
         "        self.hidden = args[0] * 1.001\n",
-        ("tests/test_policy_rules.py", "-k", "hidden_state"),
+        ("tests/policies/test_policy_rules.py", "-k", "hidden_state"),
     ),
     Mutation(
         "one-worker-skips-the-grammar",
@@ -308,7 +308,7 @@ MUTATIONS = [
         "tokenrouter/engine/logits.py",
         "        if seq.req.grammar is None:\n",
         '        if seq.req.grammar is None or self.model == "large":\n',
-        ("tests/test_structured_output.py", "-k", "always_validates"),
+        ("tests/structured/test_structured_output.py", "-k", "always_validates"),
     ),
     Mutation(
         "actor-forgets-abort",
@@ -316,7 +316,7 @@ MUTATIONS = [
         "tokenrouter/distributed/actor.py",
         "        if (req.request_id, inc) in self.tombstones:\n            req.aborted = True\n",
         "        if (req.request_id, inc) in self.tombstones:\n            pass\n",
-        ("tests/test_distributed_cancellation.py", "-k", "handing_off"),
+        ("tests/distributed/test_distributed_cancellation.py", "-k", "handing_off"),
     ),
     Mutation(
         "lost-actor-ignored",
@@ -324,7 +324,7 @@ MUTATIONS = [
         "tokenrouter/distributed/losses.py",
         "            if self.closing or name in roster.lost:\n                return\n            log.error",
         "            if True:\n                return\n            log.error",
-        ("tests/test_distributed_faults.py", "-k", "killing"),
+        ("tests/distributed/test_distributed_faults.py", "-k", "killing"),
     ),
     Mutation(
         "ray-fallback-drops-events",
@@ -332,7 +332,7 @@ MUTATIONS = [
         "tokenrouter/distributed/caller_queue.py",
         "            out, self._ready = self._ready, wire.EventBatch(source=self.source)\n",
         "            out, self._ready = wire.EventBatch(source=self.source), wire.EventBatch(source=self.source)\n",
-        ("tests/test_distributed.py", "-k", "without_the_direct_channels"),
+        ("tests/distributed/test_distributed.py", "-k", "without_the_direct_channels"),
     ),
 ]
 

@@ -15,9 +15,9 @@ import anyio
 import pytest
 import torch
 
+from tests.cli.test_cli import run_cli
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import holds_nothing, wait_all_free
-from tests.test_cli import run_cli
 from tokenrouter import Engine, ModelSpec, RStitch, store
 from tokenrouter.bench import (
     SIZES,

@@ -25,7 +25,7 @@ import torch
 
 from tests.conftest import LARGE_NODE, SMALL_NODE
 from tests.helpers import EveryK, actor_node, generate_all, holds_nothing_anywhere, wait_all_free
-from tests.test_learned_policies import make_router
+from tests.policies.test_learned_policies import make_router
 from tokenrouter import ConfigError, Engine, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.policies import CITER
 from tokenrouter.testing import load_reference_models, reference_generate
@@ -276,7 +276,7 @@ LOCAL_RAY = textwrap.dedent(
 def test_ray_address_local_starts_ray_for_the_engine_and_stops_it_at_close(tiny_model):
     """In a process of its own (this one is connected to the test cluster): the engine starts a
     Ray instance, serves from an actor, and at close stops it, with every process it started."""
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     env = dict(os.environ, PYTHONPATH=root, RAY_ADDRESS="")
     done = subprocess.run(
         [sys.executable, "-c", LOCAL_RAY, str(tiny_model), root], capture_output=True, text=True, timeout=300, env=env

@@ -193,9 +193,9 @@ def factory():
 
 
 def test_an_import_path_spec_builds_the_users_policy():
-    (s,) = parse_system("tests.test_eval:factory", MODELS)
-    assert s.kind == "custom" and s.label == "tests.test_eval:factory" and s.make().tau == 0.5
-    (s,) = parse_system("half=tests.test_eval:factory", MODELS)
+    (s,) = parse_system("tests.eval.test_eval:factory", MODELS)
+    assert s.kind == "custom" and s.label == "tests.eval.test_eval:factory" and s.make().tau == 0.5
+    (s,) = parse_system("half=tests.eval.test_eval:factory", MODELS)
     assert s.label == "half"
 
 
@@ -220,8 +220,8 @@ def test_an_import_path_spec_builds_the_users_policy():
         ("bild:0.5/0", "rollback", "must be > 0"),
         ("bild@somewhere", "router", "takes no router"),
         ("no_such_module_here:make", "module", "cannot import"),
-        ("tests.test_eval:nothing", "factory", "has no attribute"),
-        ("tests.test_eval:MODELS", "factory", "must return a tokenrouter Policy"),
+        ("tests.eval.test_eval:nothing", "factory", "has no attribute"),
+        ("tests.eval.test_eval:MODELS", "factory", "must return a tokenrouter Policy"),
         ("a b=small", "label", "may hold only"),
         ("x=rstitch:0.1,0.2", "label", "names one system"),
         ("", "spec", "is empty"),

@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tests.test_eval import PROBLEMS, write_problems
+from tests.eval.test_eval import PROBLEMS, write_problems
 from tokenrouter.cli import eval_command as command
 from tokenrouter.eval.results import ResultsFile
 

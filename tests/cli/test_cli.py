@@ -18,7 +18,7 @@ from tokenrouter import SamplingParams, cli
 from tokenrouter.policies import RStitch
 from tokenrouter.testing import load_reference_models, reference_generate
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_cli(argv, capsys, stdin: str | None = None, monkeypatch=None) -> tuple[int, str, str]:

@@ -23,7 +23,7 @@ from tests.helpers import EveryK, StepGate, wait_all_free
 from tokenrouter import LLM, Engine, ModelSpec, SamplingParams
 from tokenrouter.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, ModelMetrics, PrometheusCollector
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = [3, 5, 7, 9]
 PROMPTS = [[5 + i, 6, 7, 8 + i] for i in range(len(LENGTHS))]
 

@@ -19,8 +19,8 @@ from tokenrouter import Engine, InvalidRequestError, ModelSpec, RStitch, Samplin
 from tokenrouter.api.prompts import chat_ids
 from tokenrouter.api.tool_calls import HermesToolCallParser, check_tool_choice, normalize_tools
 
-ROOT = Path(__file__).resolve().parent.parent
-RECORDED = json.loads((Path(__file__).parent / "data" / "qwen25_tool_calls.json").read_text())
+ROOT = Path(__file__).resolve().parents[2]
+RECORDED = json.loads((Path(__file__).parents[1] / "data" / "qwen25_tool_calls.json").read_text())
 
 TOOLS = [
     {

@@ -14,8 +14,8 @@ import anyio
 import pytest
 import torch
 
+from tests.cli.test_cli import pair_args, run_cli
 from tests.conftest import TINY_PAIR_TAU
-from tests.test_cli import pair_args, run_cli
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.model.runner import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, normalized_entropy
