@@ -108,8 +108,8 @@ SP_REJECTED = (
         ("stop", None, "valid list"),
         ("stop", 5, "valid list"),
         # stop token ids
-        ("stop_token_ids", [-1], ">= 0"),
-        ("stop_token_ids", [1, -5], ">= 0"),
+        ("stop_token_ids", [-1], "greater than or equal to 0"),
+        ("stop_token_ids", [1, -5], "greater than or equal to 0"),
         ("stop_token_ids", ["1"], "valid integer"),
         ("stop_token_ids", [1.0], "valid integer"),
         ("stop_token_ids", [True], "valid integer"),

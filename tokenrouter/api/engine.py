@@ -24,7 +24,7 @@ from ..config import ModelSpec, SamplingParams
 from ..engine.model.loader import LoadedModel
 from ..engine.worker.protocol import Worker
 from ..engine.worker.stats import WorkerStats
-from ..errors import ConfigError, EngineNotRunningError, InvalidRequestError
+from ..errors import EngineNotRunningError, InvalidRequestError
 from ..metrics import EngineMetrics, ModelMetrics
 from ..metrics.recorder import RequestMetrics
 from ..outputs import RequestOutput, StreamDelta
@@ -35,7 +35,7 @@ from .launch import Launcher
 from .output_processor import OutputProcessor
 from .prompts import Prompt
 from .request_tracker import RequestTracker, parse_tool_calls
-from .setup import plan_engine
+from .setup import check_tokenizers, plan_engine
 from .tool_calls import ToolCallParser, ToolChoice
 
 log = logging.getLogger(__name__)
@@ -139,7 +139,7 @@ class Engine:
             raise EngineNotRunningError("the engine is already running")
         workers, loaded = await self.launcher.start()
         try:
-            self.check_tokenizers(loaded)
+            check_tokenizers(self.policy, loaded)
             entry = loaded[self.policy.entry_model]
             eos = frozenset().union(*(loaded[m].eos_token_ids for m in self.policy.models))
             grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
@@ -170,19 +170,6 @@ class Engine:
         if self.policy.wants_profiles and len(self.profiles) == len(self.specs):
             self.policy.use_profiles(dict(self.profiles))
             await self.launcher.share_profiles(dict(self.profiles))
-
-    def check_tokenizers(self, loaded: dict[str, LoadedModel]) -> None:
-        """Routed models must share one vocabulary: a token id must mean the same to each of them."""
-        names = self.policy.models
-        first = loaded[names[0]]
-        vocab = first.tokenizer.get_vocab()
-        for name in names[1:]:
-            other = loaded[name]
-            if other.tokenizer.get_vocab() != vocab:
-                raise ConfigError(
-                    f"models {names[0]!r} ({first.spec.path}) and {name!r} ({other.spec.path}) have different "
-                    "tokenizers; token-level routing needs one shared vocabulary"
-                )
 
     async def close(self) -> None:
         """Stop the workers; requests still in flight end with finish_reason 'abort'."""

@@ -151,3 +151,18 @@ def first_error(e: ValidationError) -> str:
         return str(err["ctx"]["error"])
     where = ".".join(str(x) for x in err["loc"])
     return f"{where}: {err['msg']}"
+
+
+def check_tokenizers(policy: Policy, loaded: dict) -> None:
+    """Routed models must share one vocabulary: a token id must mean the same to each of them
+    (checked once they are loaded)."""
+    names = policy.models
+    first = loaded[names[0]]
+    vocab = first.tokenizer.get_vocab()
+    for name in names[1:]:
+        other = loaded[name]
+        if other.tokenizer.get_vocab() != vocab:
+            raise ConfigError(
+                f"models {names[0]!r} ({first.spec.path}) and {name!r} ({other.spec.path}) have different "
+                "tokenizers; token-level routing needs one shared vocabulary"
+            )

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any
+from typing import Annotated, Any
 
 from pydantic import (
     BaseModel,
@@ -97,7 +97,9 @@ class SamplingParams(BaseModel):
         None, ge=0, lt=2**63, strict=True, description="Per-request seed; same seed, same samples."
     )
     stop: list[StrictStr] = Field(default_factory=list, description="Stop strings; excluded from the text.")
-    stop_token_ids: list[StrictInt] = Field(default_factory=list, description="Extra token ids that end generation.")
+    stop_token_ids: list[Annotated[StrictInt, Field(ge=0)]] = Field(
+        default_factory=list, description="Extra token ids that end generation."
+    )
     ignore_eos: bool = Field(False, strict=True, description="Keep generating past the model's EOS tokens.")
     include_stop_str_in_output: bool = Field(False, strict=True, description="Keep a matched stop string in the text.")
     skip_special_tokens: bool = Field(True, strict=True, description="Leave special tokens out of the text.")
@@ -155,13 +157,6 @@ class SamplingParams(BaseModel):
                 s.encode("utf-8")
             except UnicodeEncodeError:
                 raise ValueError(f"stop string {s!r} is not valid Unicode (a lone surrogate)") from None
-        return v
-
-    @field_validator("stop_token_ids")
-    @classmethod
-    def _ids_non_negative(cls, v: list[int]) -> list[int]:
-        if any(i < 0 for i in v):
-            raise ValueError("stop_token_ids must be >= 0")
         return v
 
     @property
