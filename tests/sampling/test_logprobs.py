@@ -223,7 +223,7 @@ def test_requests_that_ask_nothing_keep_only_the_logits_they_sample(tiny_model):
 
             def spy_prepare(batch):
                 prepared = prepare(batch)
-                steps.append([len(prepared[3])])  # rows sampled from
+                steps.append([len(prepared.sample_rows)])  # rows sampled from
                 return prepared
 
             def spy_run(*args):
@@ -238,6 +238,6 @@ def test_requests_that_ask_nothing_keep_only_the_logits_they_sample(tiny_model):
     base = {"temperature": 0, "max_tokens": 4, "ignore_eos": True}
     for params in (SamplingParams(**base), SamplingParams(**base, logprobs=5)):
         steps = anyio.run(kept_rows, params)
-        assert all(sampled == kept for sampled, kept in steps), steps
+        assert steps and all(sampled == kept for sampled, kept in steps), steps
     steps = anyio.run(kept_rows, [SamplingParams(**base, prompt_logprobs=1), SamplingParams(**base)])
     assert sum(kept - sampled for sampled, kept in steps) == len(prompt) - 1
