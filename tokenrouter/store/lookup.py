@@ -67,3 +67,15 @@ def list_models(home: str | Path | None = None) -> list[StoreEntry]:
         )
         for name, source in MODELS.items()
     ]
+
+
+def gguf_for(directory: str | Path) -> Path | None:
+    """The verified GGUF a store model's directory was converted from (`<home>/gguf/<name>.gguf`,
+    kept beside `<home>/models/<name>/`), or None if `directory` is not such a directory."""
+    directory = Path(directory).resolve()
+    gguf = directory.parent.parent / "gguf" / f"{directory.name}.gguf"
+    if directory.parent.name != "models" or not (directory / COMPLETE_MARKER).is_file() or not gguf.is_file():
+        return None
+    source = MODELS.get(directory.name)
+    marker = (directory / COMPLETE_MARKER).read_text().strip()
+    return gguf if source is not None and marker == source.sha256 else None

@@ -17,16 +17,12 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from ..attention import backend as attention
-from .linear import int8 as int8_linear
-from .linear import onednn as onednn_linear
+from .gguf_weights import GGUFWeights
+from .linear import kernels
+from .precision import meta_model, resolve_precision
 from .weights import load_streaming
 
-_DTYPES = {
-    "float32": torch.float32,
-    "float64": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-}
+ATTN = attention.ATTN_IMPLEMENTATION
 
 
 @dataclass
@@ -40,21 +36,10 @@ class LoadedModel:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
-    # "onednn" when the linear layers were packed (engine/model/linear/onednn.py); "int8+onednn" or
-    # "int8+torch" when quantized (engine/model/linear/int8.py), the kept float32 ones on the named kernel
+    # what the linear layers run on (engine/model/linear/kernels.py): "onednn" when packed, "int8+onednn"
+    # for a dynamic-int8 drafter, "int4+int8+onednn+gguf-embedding" from a GGUF's blocks, "torch" otherwise
     linear_kernel: str = "torch"
-
-
-def resolve_dtype(spec: ModelSpec, config) -> torch.dtype:
-    """'auto' computes in float32 on CPU (no native bf16 matmuls there) and in the checkpoint's dtype elsewhere."""
-    if spec.dtype != "auto":
-        return _DTYPES[spec.dtype]
-    if torch.device(spec.device).type == "cpu":
-        return torch.float32
-    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
-    if isinstance(stored, str):
-        stored = _DTYPES.get(stored)
-    return stored if isinstance(stored, torch.dtype) and stored.is_floating_point else torch.bfloat16
+    precision: str = ""  # what it computes in, and why (engine/model/precision.py)
 
 
 def locate_checkpoint(path: Path) -> tuple[Path, str | None]:
@@ -87,38 +72,43 @@ def load_tokenizer(spec: ModelSpec):
         raise ModelLoadError(f"cannot load a tokenizer for {spec.path}: {e}") from e
 
 
-def load_model(name: str, spec: ModelSpec) -> LoadedModel:
+def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> LoadedModel:
+    """The model, in the precision this machine computes it fastest in (`precision.py`), with its
+    linear layers on their kernels (`linear/kernels.py`). `threads`: what its forwards will run on
+    (the precision probe times with as many)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention.register()
-    directory, gguf = locate_checkpoint(Path(spec.path))
+    directory, gguf_file = locate_checkpoint(Path(spec.path))
     try:
-        config = AutoConfig.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+        config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read the model config of {spec.path}: {e}") from e
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{spec.path}: encoder-decoder models are not supported, only decoder-only ones")
-    dtype = resolve_dtype(spec, config)
     device = _usable_device(spec)
+    precision = resolve_precision(spec, config, device, threads)
+    dtype = precision.dtype
+    gguf = _open_gguf(spec, directory, gguf_file, config) if precision.quantization == "gguf" else None
     try:
-        model = None if gguf is not None else load_streaming(config, directory, dtype, attention.ATTN_IMPLEMENTATION)
-        if model is None:
-            model = AutoModelForCausalLM.from_pretrained(
-                directory,
-                gguf_file=gguf,
-                dtype=dtype,
-                attn_implementation=attention.ATTN_IMPLEMENTATION,
-                local_files_only=True,
-            )
+        skip = kernels.gguf_sourced(meta_model(config), gguf) if gguf is not None else set()
+        streamed = None if gguf_file is not None else load_streaming(config, directory, dtype, ATTN, skip)
+        model = streamed or AutoModelForCausalLM.from_pretrained(
+            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation=ATTN, local_files_only=True
+        )
+        _check_attention(spec, model)
+        if gguf is None:  # GGUF-sourced weights are still on meta, filled next (on CPU, where they go)
+            model.to(device)
+        model.eval()
+        vocab_size = model.get_output_embeddings().weight.shape[0]
+        linear_kernel = kernels.prepare_linears(model, spec, precision, device, gguf)
     except ValueError as e:
         raise ModelLoadError(f"{spec.path}: transformers cannot build a causal LM from it: {e}") from e
     except OSError as e:
         raise ModelLoadError(f"cannot load the weights of {spec.path}: {e}") from e
-    _check_attention(spec, model)
-    model.to(device).eval()
-    vocab_size = model.get_output_embeddings().weight.shape[0]
-    quantized = _quantize_linears(spec, model, dtype, device)
-    linear_kernel = quantized + _pack_linears(spec, model, dtype, device)
+    finally:
+        if gguf is not None:
+            gguf.close()
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name,
@@ -131,7 +121,25 @@ def load_model(name: str, spec: ModelSpec) -> LoadedModel:
         max_model_len=_max_model_len(spec, model.config, tokenizer),
         eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
+        precision=precision.describe(),
     )
+
+
+def _open_gguf(spec: ModelSpec, directory: Path, gguf_file: str | None, config) -> GGUFWeights:
+    """The GGUF the weights come from: the model path itself, the store's own copy of the
+    checkpoint a converted directory was made from, or the one GGUF file beside its config."""
+    from ... import store
+
+    beside = sorted(directory.glob("*.gguf"))
+    path = directory / gguf_file if gguf_file is not None else store.gguf_for(directory)
+    if path is None and len(beside) == 1:
+        path = beside[0]
+    if path is None:
+        raise ModelLoadError(
+            f"quantization='gguf' for {spec.path}: no GGUF file for it (a .gguf path, a store model, or a "
+            "directory holding one .gguf beside its config)"
+        )
+    return GGUFWeights(path, config)
 
 
 def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:
@@ -160,34 +168,6 @@ def _usable_device(spec: ModelSpec) -> torch.device:
                 f"device={spec.device!r} for {spec.path}: only {torch.cuda.device_count()} CUDA device(s) here"
             )
     return device
-
-
-def _quantize_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
-    """ "int8+" if the linear layers were quantized (`spec.quantization`), else ""."""
-    if spec.quantization is None:
-        return ""
-    if not int8_linear.applies(device, dtype):
-        why = f"it needs float32 on CPU, not {dtype} on {device}"
-        if not int8_linear.available():
-            why = "this torch build has no fbgemm int8 kernels"
-        raise ModelLoadError(f"quantization={spec.quantization!r} for {spec.path}: {why}")
-    return "int8+" if int8_linear.quantize_linears(model) else ""
-
-
-def _pack_linears(spec: ModelSpec, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> str:
-    """Which kernel the linear layers now run on: "onednn" if they were packed, else "torch"."""
-    if spec.onednn_linear is False:
-        return "torch"
-    if not onednn_linear.applies(device, dtype):
-        if spec.onednn_linear:
-            why = (
-                "this torch build has no oneDNN"
-                if not onednn_linear.available()
-                else f"it needs float32 on CPU, not {dtype} on {device}"
-            )
-            raise ModelLoadError(f"onednn_linear=True for {spec.path}: {why}")
-        return "torch"
-    return "onednn" if onednn_linear.pack_linears(model) else "torch"
 
 
 def _max_model_len(spec: ModelSpec, config, tokenizer) -> int:

@@ -267,9 +267,9 @@ class ModelRunner:
     def run_model(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, keep: torch.Tensor | int
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The model's forward over a planned step: logits of the `keep` rows (0: every row), and
-        their last hidden states when captured. Nothing here syncs the device, so CUDA graphs
-        capture it as it is."""
+        """The model's forward over a planned step: logits of the `keep` rows (0: every row; float32
+        or wider whatever the model computes in), and their last hidden states when captured.
+        Nothing here syncs the device, so CUDA graphs capture it as it is."""
         with step_context(self.backend, meta):
             out = self.model(
                 input_ids=input_ids[None],
@@ -278,4 +278,7 @@ class ModelRunner:
                 logits_to_keep=keep,
             )
         hidden = self.capture.take()[0] if self.capture is not None else None
-        return out.logits[0], hidden
+        logits = out.logits[0]
+        if logits.dtype in (torch.bfloat16, torch.float16):  # the sampler and every policy read float32
+            logits = logits.float()
+        return logits, hidden

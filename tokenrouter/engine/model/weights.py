@@ -58,9 +58,12 @@ def read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + size
 
 
-def load_streaming(config, directory: Path, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module | None:
+def load_streaming(
+    config, directory: Path, dtype: torch.dtype, attn_implementation: str, skip: set[str] = frozenset()
+) -> torch.nn.Module | None:
     """The model with every weight read from `directory`'s safetensors, or None if this
-    checkpoint cannot be streamed (its names are not the model's own)."""
+    checkpoint cannot be streamed (its names are not the model's own). Parameters named in
+    `skip` are not read: they stay on the meta device for the caller to fill (from a GGUF)."""
     from accelerate import init_empty_weights
     from transformers import AutoModelForCausalLM
 
@@ -77,6 +80,8 @@ def load_streaming(config, directory: Path, dtype: torch.dtype, attn_implementat
     for path, header, start in headers:
         with open(path, "rb") as f:
             for name, info in sorted(header.items(), key=lambda kv: kv[1]["data_offsets"][0]):
+                if name in skip:
+                    continue
                 begin, end = info["data_offsets"]
                 raw = torch.empty(end - begin, dtype=torch.uint8)
                 f.seek(start + begin)
@@ -86,7 +91,8 @@ def load_streaming(config, directory: Path, dtype: torch.dtype, attn_implementat
                 _put(model, name, stored.to(dtype) if stored.is_floating_point() else stored.clone())
                 del raw, stored
     model.tie_weights()
-    if any(p.is_meta for p in model.parameters()) or any(b.is_meta for b in model.buffers()):
+    params = model.named_parameters(remove_duplicate=False)
+    if any(p.is_meta and n not in skip for n, p in params) or any(b.is_meta for b in model.buffers()):
         return None  # something the file does not hold (and no tie provides): let transformers decide
     if (directory / "generation_config.json").is_file():  # EOS ids and defaults, as from_pretrained reads them
         from transformers import GenerationConfig

@@ -1,11 +1,14 @@
-"""Linear layers whose weights are reordered once into oneDNN's blocked layout (float32, CPU).
+"""Linear layers whose weights are reordered once into oneDNN's blocked layout (float32 or
+bfloat16, CPU).
 
 torch's default CPU linear hands every call to a BLAS GEMM that repacks the whole weight matrix
 for each call once a batch has more than one row: a decode step of 2 to 16 rows then costs two to
 three times the one-row step, and a second thread barely helps. Reordering each weight once at
 load and calling oneDNN's linear with it (what torch's own compiler does for frozen CPU graphs)
 makes the step cost nearly flat in the batch size and lets threads scale; the measured step
-latencies are in docs/benchmarks.md. Results equal `F.linear` to float32 rounding, not bit for bit.
+latencies are in docs/benchmarks.md. Results equal `F.linear` to the dtype's rounding, not bit
+for bit. bfloat16 goes the same way, where the precision probe found it the faster
+(`probe.py`): oneDNN computes it natively on CPUs with avx512_bf16 or AMX.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ def available() -> bool:
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packing is for float32 on CPU (bf16 and float64 keep torch's path)."""
-    return device.type == "cpu" and dtype == torch.float32 and available()
+    """oneDNN packing is for float32 and bfloat16 on CPU (float64 keeps torch's path)."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and available()
 
 
 class PackedLinear(torch.nn.Module):
@@ -62,6 +65,7 @@ class PackedLinear(torch.nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, onednn"
 
 
-def pack_linears(model: torch.nn.Module) -> int:
-    """Replace every float32 `nn.Linear` of `model` (on CPU) with a `PackedLinear`; returns how many."""
-    return replace_linears(model, PackedLinear)
+def pack_linears(model: torch.nn.Module, dtypes: tuple[torch.dtype, ...] = (torch.float32,)) -> int:
+    """Replace every `nn.Linear` of `model` on CPU with its weight in `dtypes` by a
+    `PackedLinear`; returns how many."""
+    return replace_linears(model, PackedLinear, dtypes=dtypes)

@@ -1,0 +1,126 @@
+"""A GGUF checkpoint's own quantized weights, read tensor by tensor for `ModelSpec(quantization="gguf")`.
+
+The store converts each GGUF into an ordinary Hugging Face directory and keeps the verified GGUF
+beside it (`store.gguf_for`), so the engine can take the quantized blocks from the very file the
+dense weights came from, with no second download. A Q4_K tensor is kept as its 4-bit codes with
+one scale and one offset per sub-block of 32 (`q4k_groups`): the checkpoint's own arithmetic,
+w = scale * q - minus. Other types are dequantized with gguf's reference code.
+
+Names follow gguf's tensor-name map for the architecture. llama.cpp's converter permutes the
+rows of a Llama model's q and k projections (its rotary layout), and transformers permutes them
+back; the same row order is applied here. Architectures whose GGUF tensors need other changes
+are refused by name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from ...errors import ModelLoadError
+
+# transformers' model_type -> gguf's architecture name, where they differ
+_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "llama"}
+_PERMUTED = {"llama", "mistral"}  # q/k rows in llama.cpp's rotary order
+
+
+@dataclass
+class GGUFTensor:
+    name: str
+    kind: str  # gguf's quantization type name: "Q4_K", "Q6_K", "Q8_0", "F32", ...
+    rows: int  # out features (or vocabulary rows)
+    cols: int  # in features
+    data: np.ndarray  # the file's bytes, [rows, bytes per row] (a view of the mapped file)
+    row_order: torch.Tensor | None = None  # rows to take, in order (the llama permutation)
+
+
+class GGUFWeights:
+    """The quantized tensors of one GGUF file, looked up by the Hugging Face parameter they fill."""
+
+    def __init__(self, path: Path, config):
+        from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+
+        text = config.get_text_config() if hasattr(config, "get_text_config") else config
+        model_type = text.model_type
+        if model_type not in _ARCH:
+            raise ModelLoadError(
+                f"quantization='gguf' for {path}: {model_type!r} models are not supported "
+                f"(supported: {', '.join(sorted(_ARCH))})"
+            )
+        arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == _ARCH[model_type])
+        self.path = path
+        self.reader = GGUFReader(path)
+        self.names = get_tensor_name_map(arch, text.num_hidden_layers)
+        self.tensors = {t.name: t for t in self.reader.tensors}
+        self.heads = text.num_attention_heads
+        self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
+        self.permuted = model_type in _PERMUTED
+
+    def close(self) -> None:
+        """Let go of the mapped file (what was read from it is copied out by then)."""
+        self.tensors.clear()
+        self.reader = None
+
+    def tensor(self, module_name: str) -> GGUFTensor | None:
+        """The GGUF tensor holding `<module_name>.weight`, or None if the file has none."""
+        gguf_name = self.names.get_name(module_name)
+        t = self.tensors.get(f"{gguf_name}.weight") if gguf_name is not None else None
+        if t is None:
+            return None
+        rows, cols = int(t.shape[1]), int(t.shape[0])  # gguf lists dims innermost first
+        data = np.asarray(t.data).reshape(rows, -1)
+        order = None
+        if self.permuted and gguf_name.endswith(("attn_q", "attn_k")):
+            heads = self.heads if gguf_name.endswith("attn_q") else self.kv_heads
+            order = unpermute_rows(rows, heads)
+        return GGUFTensor(gguf_name, t.tensor_type.name, rows, cols, data, order)
+
+
+def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
+    """The row order that undoes llama.cpp's rotary permutation of a q or k projection."""
+    half = rows // heads // 2
+    return torch.arange(rows).reshape(heads, half, 2).transpose(1, 2).reshape(rows)
+
+
+def q4k_groups(t: GGUFTensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A Q4_K tensor as (codes [rows, cols] uint8 in 0..15, scale and minus [rows, cols / 32]
+    float32) with w = scale * code - minus per group of 32, exactly as llama.cpp dequantizes it.
+
+    A super-block of 256 weights is: d and dmin (float16), twelve bytes packing eight 6-bit
+    scales and eight 6-bit mins, then 128 bytes of 4-bit codes (each 32-byte run holds two
+    sub-blocks: the low nibbles, then the high ones)."""
+    if t.kind != "Q4_K":
+        raise ValueError(f"{t.name} is {t.kind}, not Q4_K")
+    n, k = t.rows, t.cols
+    b = torch.from_numpy(np.array(t.data, copy=True)).view(n, k // 256, 144)
+    d = b[..., 0:2].contiguous().view(torch.float16).float()
+    dmin = b[..., 2:4].contiguous().view(torch.float16).float()
+    s = b[..., 4:16].to(torch.int32)
+    lo, mid, hi = s[..., 0:4], s[..., 4:8], s[..., 8:12]
+    sc = torch.cat([lo & 63, (hi & 15) | ((lo >> 6) << 4)], -1)
+    mn = torch.cat([mid & 63, (hi >> 4) | ((mid >> 6) << 4)], -1)
+    qs = b[..., 16:].view(n, k // 256, 4, 32)
+    codes = torch.stack([qs & 15, qs >> 4], 3).reshape(n, k)
+    scale = (d * sc.float()).reshape(n, k // 32)
+    minus = (dmin * mn.float()).reshape(n, k // 32)
+    if t.row_order is not None:
+        codes, scale, minus = codes[t.row_order], scale[t.row_order], minus[t.row_order]
+    return codes.contiguous(), scale.contiguous(), minus.contiguous()
+
+
+def dequantized(t: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The tensor in float32 [rows, cols] by gguf's reference dequantization (only `rows`, in
+    that order, if given)."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    data = t.data
+    if t.row_order is not None:
+        data = data[t.row_order.numpy()]
+    if rows is not None:
+        data = data[rows.cpu().numpy()]
+    out = dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.kind])
+    return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(-1, t.cols)

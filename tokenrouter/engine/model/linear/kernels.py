@@ -1,0 +1,96 @@
+"""Which kernel computes each of a model's linear layers: the one module that decides.
+
+- float32 or bfloat16 on CPU: oneDNN with the weight packed once at load (`onednn.py`);
+- `quantization="int8"` (a drafter's): fbgemm's dynamic int8, the MLP outputs kept float32
+  (`int8.py`), the rest packed;
+- `quantization="gguf"`: each layer from its GGUF tensor: Q4_K as 4-bit groups (`int4.py`),
+  other quantized types as int8 weights (`int8_weights.py`), unquantized ones packed in bf16;
+  the embedding table stays in its GGUF blocks (`gguf_embedding.py`) unless the head shares it.
+- anything else (a GPU, float64): torch's own linear.
+
+`gguf_sourced` names the parameters a GGUF supplies, so that the loader never reads their dense
+copies at all: loading then peaks near what the model holds.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ....config import ModelSpec
+from ....errors import ModelLoadError
+from ..gguf_embedding import GGUFEmbedding
+from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
+from ..precision import Precision
+from . import int4, int8, int8_weights, onednn
+
+QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+
+
+def gguf_sourced(model: torch.nn.Module, gguf: GGUFWeights) -> set[str]:
+    """Parameter names whose values come from the GGUF's quantized tensors (the model may be on
+    the meta device): every linear weight, and the embedding's unless the head shares it."""
+    out = set()
+    for name, module in model.named_modules():
+        t = gguf.tensor(name) if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) else None
+        if t is None or t.kind not in QUANTIZED:
+            continue
+        if isinstance(module, torch.nn.Embedding) and tied(model):
+            continue
+        out.add(f"{name}.weight")
+    return out
+
+
+def tied(model: torch.nn.Module) -> bool:
+    head, embed = model.get_output_embeddings(), model.get_input_embeddings()
+    return head is not None and embed is not None and head.weight is embed.weight
+
+
+def prepare_linears(
+    model: torch.nn.Module, spec: ModelSpec, precision: Precision, device: torch.device, gguf: GGUFWeights | None
+) -> str:
+    """Swap the model's linear layers (and, under gguf, its embedding) for their kernels; returns
+    what they run on, e.g. "int4+int8+onednn" ("torch" where nothing was swapped)."""
+    dtype = precision.dtype
+    packing = spec.onednn_linear is not False and onednn.applies(device, dtype)
+    if spec.onednn_linear and not packing:
+        why = "this torch build has no oneDNN" if not onednn.available() else f"not {dtype} on {device}"
+        raise ModelLoadError(f"onednn_linear=True for {spec.path}: it needs float32 or bfloat16 on CPU, {why}")
+    if precision.quantization == "gguf":
+        if not (int4.available() and int8_weights.available()):
+            raise ModelLoadError(f"quantization='gguf' for {spec.path}: this torch has no int4/int8 CPU kernels")
+        return from_gguf(model, gguf, packing)
+    prefix = ""
+    if precision.quantization == "int8":
+        if not int8.applies(device, dtype):
+            why = "this torch build has no fbgemm int8 kernels" if not int8.available() else f"not {dtype} on {device}"
+            raise ModelLoadError(f"quantization='int8' for {spec.path}: it needs float32 on CPU, {why}")
+        prefix = "int8+" if int8.quantize_linears(model) else ""
+    packed = packing and onednn.pack_linears(model, (torch.float32, torch.bfloat16))
+    return prefix + ("onednn" if packed else "torch")
+
+
+def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool) -> str:
+    """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said."""
+    kinds: set[str] = set()
+    embed = model.get_input_embeddings()
+    for name, module in list(model.named_modules()):
+        t = gguf.tensor(name)
+        if t is None or t.kind not in QUANTIZED:
+            continue
+        owner, _, leaf = name.rpartition(".")
+        parent = model.get_submodule(owner)
+        if module is embed and not tied(model):
+            setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
+            kinds.add("gguf-embedding")
+        elif isinstance(module, torch.nn.Linear):
+            bias = module.bias
+            if t.kind == "Q4_K" and t.cols % int4.GROUP == 0:
+                setattr(parent, leaf, int4.Int4Linear(*q4k_groups(t), bias))
+                kinds.add("int4")
+            else:
+                setattr(parent, leaf, int8_weights.Int8WeightLinear(dequantized(t), bias))
+                kinds.add("int8")
+    if onednn_ok and onednn.pack_linears(model, (torch.bfloat16,)):
+        kinds.add("onednn")
+    order = ["int4", "int8", "onednn", "gguf-embedding"]
+    return "+".join(k for k in order if k in kinds) or "torch"

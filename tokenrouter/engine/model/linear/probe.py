@@ -1,0 +1,160 @@
+"""Which of float32 and bfloat16 computes a model's linear layers faster on this machine: measured,
+never assumed.
+
+CPUs of one kind differ from day to day: one with native bf16 (`avx512_bf16`, `amx_bf16`) runs a
+bf16 matmul about 3x faster than float32 (it reads half the bytes and computes natively); one
+without runs it some 200x slower. So `ModelSpec(dtype="auto")` on CPU times the model's own
+largest linear shapes, oneDNN-packed as the engine runs them, at 1, 4 and 16 rows in each dtype,
+and takes bfloat16 only where it is at least `BF16_MIN_SPEEDUP` times faster at every size.
+
+The answer is cached under the store home (`probes/<key>.json`), keyed by the CPU's model name
+and flags, torch's version, the threads and the shapes, so a probe runs once per machine kind.
+`TOKENROUTER_PROBE_SIMULATE=no-native-bf16` makes the probe report bf16 200x slower than it
+measured, as on a CPU without native bf16: benchmarks use it to show nothing gets slower there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import platform
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from ....files import write_text_atomic
+
+log = logging.getLogger(__name__)
+
+BF16_MIN_SPEEDUP = 1.3
+ROWS = (1, 4, 16)
+PROBE_VERSION = 1
+SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
+SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
+
+
+@dataclass(frozen=True)
+class PrecisionChoice:
+    dtype: str  # "float32" or "bfloat16"
+    reason: str  # one line: why, from the timings
+    timings: dict  # dtype -> rows -> milliseconds per call, summed over the shapes probed
+    source: str  # "measured" or "cache"
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return getattr(torch, self.dtype)
+
+
+def choose(timings: dict) -> tuple[str, str]:
+    """(dtype, reason) from the timings: bfloat16 only where it is at least BF16_MIN_SPEEDUP times
+    faster than float32 at every size probed."""
+    f32, b16 = timings["float32"], timings["bfloat16"]
+    speedups = {int(rows): f32[rows] / b16[rows] for rows in f32}
+    shown = ", ".join(f"{s:.2f}x at {r}" for r, s in sorted(speedups.items()))
+    if all(s >= BF16_MIN_SPEEDUP for s in speedups.values()):
+        return "bfloat16", f"bfloat16 linear layers measured {shown} rows against float32"
+    return "float32", f"bfloat16 measured {shown} rows against float32 (needs >= {BF16_MIN_SPEEDUP}x at each)"
+
+
+def cpu_identity() -> dict:
+    """The CPU's model name and flags, from the first processor in /proc/cpuinfo where there is one."""
+    fields: dict[str, str] = {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                if not sep and fields:
+                    break  # the end of the first processor's block
+                fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    flags = fields.get("flags") or fields.get("Features") or ""
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    return {"cpu": name, "flags": sorted(flags.split()), "machine": platform.machine()}
+
+
+def probe_shapes(model: torch.nn.Module, limit: int = 3) -> list[tuple[int, int]]:
+    """The model's largest distinct linear shapes (out, in), the output head left out: what a
+    decode step spends its time on. Works on a model built on the meta device."""
+    head = model.get_output_embeddings()
+    shapes = {
+        (m.out_features, m.in_features) for m in model.modules() if isinstance(m, torch.nn.Linear) and m is not head
+    }
+    return sorted(shapes, key=lambda s: (-s[0] * s[1], s))[:limit]
+
+
+def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> dict:
+    """Milliseconds per call of oneDNN's packed linear, summed over `shapes`, per dtype and rows
+    (the median of `repeats`, after a warm-up), on `threads` torch threads."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out: dict = {"float32": {}, "bfloat16": {}}
+        gen = torch.Generator().manual_seed(0)
+        for n, k in shapes:
+            w = torch.randn(n, k, generator=gen) * 0.02
+            for dtype in (torch.float32, torch.bfloat16):
+                packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype))
+                for rows in ROWS:
+                    x = torch.randn(rows, k, generator=gen).to(dtype)
+                    for _ in range(2):
+                        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                    times = []
+                    for _ in range(repeats):
+                        t0 = time.perf_counter()
+                        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                        times.append(time.perf_counter() - t0)
+                    key = str(dtype).removeprefix("torch.")
+                    out[key][rows] = out[key].get(rows, 0.0) + 1e3 * statistics.median(times)
+                del packed
+    finally:
+        torch.set_num_threads(before)
+    if os.environ.get(SIMULATE_ENV) == "no-native-bf16":
+        out["bfloat16"] = {rows: SLOW_BF16 * v for rows, v in out["bfloat16"].items()}
+    return out
+
+
+def probe_key(info: dict) -> str:
+    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def probe_path(key: str, home: str | Path | None = None) -> Path:
+    from .... import store
+
+    return store.home_dir(home) / "probes" / f"precision-{key}.json"
+
+
+def precision_for(
+    shapes: list[tuple[int, int]], threads: int, home: str | Path | None = None, refresh: bool = False
+) -> PrecisionChoice:
+    """The dtype this machine computes these shapes fastest in: from the cache, else measured now
+    (about a second) and cached."""
+    info = {
+        "version": PROBE_VERSION,
+        **cpu_identity(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "shapes": [list(s) for s in shapes],
+        "simulate": os.environ.get(SIMULATE_ENV),
+    }
+    path = probe_path(probe_key(info), home)
+    if not refresh:
+        try:
+            saved = json.loads(path.read_text())
+            if saved.get("info") == info:
+                timings = {d: {int(r): v for r, v in t.items()} for d, t in saved["timings"].items()}
+                return PrecisionChoice(*choose(timings), timings, "cache")
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    timings = measure(shapes, threads)
+    choice = PrecisionChoice(*choose(timings), timings, "measured")
+    try:
+        write_text_atomic(path, json.dumps({"info": info, "timings": timings, "choice": asdict(choice)}, indent=1))
+    except OSError as e:  # a read-only home: measure again next time
+        log.warning("cannot cache the precision probe at %s: %s", path, e)
+    return choice

@@ -1,0 +1,80 @@
+"""What a model computes in: its dtype, and whether its weights stay quantized.
+
+- On a GPU, the checkpoint's dtype; a float32 checkpoint maps to bfloat16 (as vLLM does), said
+  in the log.
+- On CPU with `dtype="auto"`, the faster of float32 and bfloat16 for this model on this machine,
+  measured (`linear/probe.py`).
+- `quantization="gguf"` keeps a GGUF checkpoint's Q4_K tensors 4-bit and its other quantized ones
+  int8 (`linear/kernels.py`); those kernels take bfloat16 activations, so it computes in bf16.
+  Where bf16 is not the faster dtype (no native bf16 on this CPU) it falls back to float32 with
+  the weights dequantized, and says why: nothing gets slower than float32 would be.
+- `quantization="int8"` (a drafter's dynamic int8) computes in float32, as its kernels need.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from ...config import ModelSpec
+from .linear import probe
+
+log = logging.getLogger(__name__)
+
+DTYPES = {
+    "float32": torch.float32,
+    "float64": torch.float64,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+}
+
+
+@dataclass(frozen=True)
+class Precision:
+    dtype: torch.dtype
+    quantization: str | None  # "gguf", "int8" or None
+    reason: str  # one line: what was chosen and why
+
+    def describe(self) -> str:
+        name = str(self.dtype).removeprefix("torch.")
+        return f"{name}{' + ' + self.quantization if self.quantization else ''} ({self.reason})"
+
+
+def stored_dtype(config) -> torch.dtype | None:
+    stored = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(stored, str):
+        stored = DTYPES.get(stored)
+    return stored if isinstance(stored, torch.dtype) and stored.is_floating_point else None
+
+
+def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: int | None) -> Precision:
+    quantization = spec.quantization
+    if device.type != "cpu":
+        if spec.dtype != "auto":
+            return Precision(DTYPES[spec.dtype], None, "as asked")
+        stored = stored_dtype(config) or torch.bfloat16
+        if stored == torch.float32:
+            log.info("%s: a float32 checkpoint on %s computes in bfloat16", spec.path, device)
+            return Precision(torch.bfloat16, None, "the float32 checkpoint mapped to bfloat16 on the GPU")
+        return Precision(stored, None, "the checkpoint's dtype")
+    if quantization == "int8":
+        return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
+    if spec.dtype != "auto":
+        return Precision(DTYPES[spec.dtype], quantization, "as asked")
+    choice = probe.precision_for(probe.probe_shapes(meta_model(config)), threads or torch.get_num_threads())
+    if quantization == "gguf":
+        if choice.dtype == "bfloat16":
+            return Precision(torch.bfloat16, "gguf", f"4-bit kernels with bf16 activations; {choice.reason}")
+        return Precision(torch.float32, None, f"quantization='gguf' falls back to float32 weights: {choice.reason}")
+    return Precision(choice.torch_dtype, None, choice.reason)
+
+
+def meta_model(config) -> torch.nn.Module:
+    """The model built on the meta device: its shapes, without weights."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=True):
+        return AutoModelForCausalLM.from_config(config)
