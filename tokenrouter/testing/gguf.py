@@ -50,7 +50,7 @@ def llama_permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf(model_dir: str | Path, path: str | Path | None = None) -> Path:
-    """Write the GGUF of `model_dir`'s linear and embedding weights beside it (`model.gguf`, which
+    """Write the GGUF of `model_dir`'s linear, embedding and norm weights beside it (`model.gguf`, which
     the engine's GGUF mode finds there) or at `path`; return the path."""
     from gguf import MODEL_ARCH_NAMES, GGMLQuantizationType, GGUFWriter, get_tensor_name_map
     from gguf.quants import quantize
@@ -65,10 +65,11 @@ def write_gguf(model_dir: str | Path, path: str | Path | None = None) -> Path:
     names = get_tensor_name_map(arch, config.num_hidden_layers)
     writer = GGUFWriter(path, arch_name)
     for name, module in model.named_modules():
-        if not isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
-            continue
         gguf_name = names.get_name(name)
-        if gguf_name is None:
+        if gguf_name is None or getattr(module, "weight", None) is None:
+            continue
+        if module.weight.dim() == 1:  # norms, stored in float32 as llama.cpp's converter does
+            writer.add_tensor(f"{gguf_name}.weight", module.weight.detach().float().numpy())
             continue
         w = module.weight.detach().float().numpy()
         if arch_name == "llama" and gguf_name.endswith(("attn_q", "attn_k")):

@@ -18,7 +18,7 @@ class GGUFEmbedding(torch.nn.Module):
     def __init__(self, t: GGUFTensor, dtype: torch.dtype, padding_idx: int | None = None):
         super().__init__()
         rows = t.data if t.row_order is None else t.data[t.row_order.numpy()]
-        self.table = GGUFTensor(t.name, t.kind, t.rows, t.cols, np.array(rows, copy=True))
+        self.table = GGUFTensor(t.name, t.kind, t.rows, t.cols, np.ascontiguousarray(rows))
         self.num_embeddings, self.embedding_dim = t.rows, t.cols
         self.dtype = dtype
         self.padding_idx = padding_idx

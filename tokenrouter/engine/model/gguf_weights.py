@@ -21,10 +21,19 @@ import numpy as np
 import torch
 
 from ...errors import ModelLoadError
+from . import heap
 
 # transformers' model_type -> gguf's architecture name, where they differ
 _ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "llama"}
 _PERMUTED = {"llama", "mistral"}  # q/k rows in llama.cpp's rotary order
+
+
+@dataclass(frozen=True)
+class _Located:
+    kind: str
+    shape: tuple[int, ...]
+    offset: int  # in the file
+    n_bytes: int
 
 
 @dataclass
@@ -33,7 +42,7 @@ class GGUFTensor:
     kind: str  # gguf's quantization type name: "Q4_K", "Q6_K", "Q8_0", "F32", ...
     rows: int  # out features (or vocabulary rows)
     cols: int  # in features
-    data: np.ndarray  # the file's bytes, [rows, bytes per row] (a view of the mapped file)
+    data: np.ndarray  # the file's bytes, [rows, bytes per row]
     row_order: torch.Tensor | None = None  # rows to take, in order (the llama permutation)
 
 
@@ -52,31 +61,37 @@ class GGUFWeights:
             )
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == _ARCH[model_type])
         self.path = path
-        self.reader = GGUFReader(path)
+        # keep what locates each tensor; the reader (its parsed metadata holds the whole
+        # vocabulary as small arrays, ~0.5 GB for a 150k one) goes now
+        self.tensors = {
+            t.name: _Located(t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
+            for t in GGUFReader(path).tensors
+        }
+        heap.trim()
         self.names = get_tensor_name_map(arch, text.num_hidden_layers)
-        self.tensors = {t.name: t for t in self.reader.tensors}
         self.heads = text.num_attention_heads
         self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self.permuted = model_type in _PERMUTED
 
     def close(self) -> None:
-        """Let go of the mapped file (what was read from it is copied out by then)."""
+        """Forget the tensors' places (what was read is copied out by then)."""
         self.tensors.clear()
-        self.reader = None
 
     def tensor(self, module_name: str) -> GGUFTensor | None:
-        """The GGUF tensor holding `<module_name>.weight`, or None if the file has none."""
+        """The GGUF matrix holding `<module_name>.weight`, or None if the file has none."""
         gguf_name = self.names.get_name(module_name)
         t = self.tensors.get(f"{gguf_name}.weight") if gguf_name is not None else None
-        if t is None:
-            return None
-        rows, cols = int(t.shape[1]), int(t.shape[0])  # gguf lists dims innermost first
-        data = np.asarray(t.data).reshape(rows, -1)
+        if t is None or len(t.shape) != 2:
+            return None  # no such tensor, or a vector (a norm's weight): nothing to keep quantized
+        rows, cols = t.shape[1], t.shape[0]  # gguf lists dims innermost first
+        # read, not a view of a mapped file: pages of a mapping count as the process's memory
+        # until it is unmapped, so the whole file would sit on top of the weights made from it
+        data = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset).reshape(rows, -1)
         order = None
         if self.permuted and gguf_name.endswith(("attn_q", "attn_k")):
             heads = self.heads if gguf_name.endswith("attn_q") else self.kv_heads
             order = unpermute_rows(rows, heads)
-        return GGUFTensor(gguf_name, t.tensor_type.name, rows, cols, data, order)
+        return GGUFTensor(gguf_name, t.kind, rows, cols, data, order)
 
 
 def unpermute_rows(rows: int, heads: int) -> torch.Tensor:
@@ -117,10 +132,9 @@ def dequantized(t: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Tensor
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    data = t.data
-    if t.row_order is not None:
-        data = data[t.row_order.numpy()]
+    index = t.row_order
     if rows is not None:
-        data = data[rows.cpu().numpy()]
+        index = rows.cpu() if index is None else index[rows.cpu()]
+    data = t.data if index is None else t.data[index.numpy()]
     out = dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.kind])
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(-1, t.cols)

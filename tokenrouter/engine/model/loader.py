@@ -17,6 +17,7 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from ..attention import backend as attention
+from . import heap
 from .gguf_weights import GGUFWeights
 from .linear import kernels
 from .precision import meta_model, resolve_precision
@@ -109,6 +110,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     finally:
         if gguf is not None:
             gguf.close()
+        heap.trim()  # what loading freed goes back to the system: the steady size is what the model holds
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name,

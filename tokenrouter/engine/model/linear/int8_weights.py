@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+ROWS = 1024  # output channels quantized at a time
+
 
 def available() -> bool:
     return hasattr(torch.ops.aten, "_weight_int8pack_mm")
@@ -20,15 +22,28 @@ class Int8WeightLinear(torch.nn.Module):
     """`nn.Linear` whose weight is int8 per output channel. `weight` stays readable for its shape."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None = None):
-        super().__init__()
-        self.out_features, self.in_features = weight.shape
+        self.__class__.from_rows(weight.shape[0], weight.shape[1], lambda a, b: weight[a:b], bias, into=self)
+
+    @classmethod
+    def from_rows(cls, out_features: int, in_features: int, rows, bias=None, into=None) -> Int8WeightLinear:
+        """Quantized `ROWS` output channels at a time from `rows(start, stop)` (a float tensor of
+        those rows): a vocabulary-sized head never exists in float32 all at once."""
+        self = into if into is not None else cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        self.out_features, self.in_features = out_features, in_features
+        self.qweight = torch.empty(out_features, in_features, dtype=torch.int8)
+        scales = torch.empty(out_features)
         with torch.no_grad():
-            w = weight.detach().float()
-            scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
-            self.qweight = (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8).contiguous()
-            self.scales = scale.to(torch.bfloat16)
+            for start in range(0, out_features, ROWS):
+                stop = min(start + ROWS, out_features)
+                w = rows(start, stop).detach().float()
+                scale = (w.abs().amax(dim=1) / 127).clamp(min=1e-12)
+                self.qweight[start:stop] = (w / scale[:, None]).round().clamp(-127, 127)
+                scales[start:stop] = scale
+        self.scales = scales.to(torch.bfloat16)
         self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
-        self.weight = torch.empty(self.out_features, self.in_features, device="meta")
+        self.weight = torch.empty(out_features, in_features, device="meta")
+        return self
 
     def effective_weight(self) -> torch.Tensor:
         """The float32 weight the kernel computes with."""

@@ -18,6 +18,7 @@ import torch
 
 from ....config import ModelSpec
 from ....errors import ModelLoadError
+from .. import heap
 from ..gguf_embedding import GGUFEmbedding
 from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
 from ..precision import Precision
@@ -74,6 +75,8 @@ def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool) -> str
     kinds: set[str] = set()
     embed = model.get_input_embeddings()
     for name, module in list(model.named_modules()):
+        if module is not embed and not isinstance(module, torch.nn.Linear):
+            continue  # norms and the like stay as loaded
         t = gguf.tensor(name)
         if t is None or t.kind not in QUANTIZED:
             continue
@@ -88,8 +91,10 @@ def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool) -> str
                 setattr(parent, leaf, int4.Int4Linear(*q4k_groups(t), bias))
                 kinds.add("int4")
             else:
-                setattr(parent, leaf, int8_weights.Int8WeightLinear(dequantized(t), bias))
+                rows = lambda a, b, t=t: dequantized(t, torch.arange(a, b))  # noqa: E731
+                setattr(parent, leaf, int8_weights.Int8WeightLinear.from_rows(t.rows, t.cols, rows, bias))
                 kinds.add("int8")
+        heap.trim(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
     if onednn_ok and onednn.pack_linears(model, (torch.bfloat16,)):
         kinds.add("onednn")
     order = ["int4", "int8", "onednn", "gguf-embedding"]
