@@ -14,8 +14,10 @@ import pytest
 import torch
 
 from tests.conftest import TINY_PAIR_TAU
-from tokenrouter import SamplingParams, cli
-from tokenrouter.policies import RStitch
+from tokenrouter import SamplingParams, cli, store
+from tokenrouter.cli import bench_command, engine_setup
+from tokenrouter.policies import BiLD, RStitch, Speculative
+from tokenrouter.store.layout import COMPLETE_MARKER
 from tokenrouter.testing import load_reference_models, reference_generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -71,8 +73,26 @@ def test_every_help_is_complete(command, capsys):
             "r2r",
             "collm",
             "escalation",
+            "speculative",
+            "bild",
+            "--k N|auto",
+            "--fallback P",
+            "--rollback D",
+            "--precision {auto,float32,bfloat16,gguf}",
         ],
-        ("chat",): ["/reset", "--policy", "--tau", "--model NAME=PATH", "--max-tokens", "--temperature", "--seed"],
+        ("chat",): [
+            "/reset",
+            "--policy",
+            "--tau",
+            "--model NAME=PATH",
+            "--max-tokens",
+            "--temperature",
+            "--seed",
+            "--k N|auto",
+            "--fallback P",
+            "--rollback D",
+            "--precision",
+        ],
         ("pull",): ["demo", "smollm2", "qwen-coder-1.5b", "sha256"],
         ("models",): ["size"],
         ("label",): [
@@ -123,6 +143,26 @@ def test_every_help_is_complete(command, capsys):
         (["generate", "   "], "prompt: is empty"),
         (["generate", "hi", "--device", "nonsense"], "--device: not a torch device: 'nonsense'"),
         (["pull", "gpt-17"], "unknown model 'gpt-17'"),
+        # a knob of speculative or bild given to a policy that does not take it
+        (["generate", "hi", "--k", "4"], "--k is only for --policy speculative"),
+        (["generate", "hi", "--policy", "bild", "--k", "auto"], "--k is only for --policy speculative"),
+        (["generate", "hi", "--fallback", "0.5"], "--fallback is only for --policy bild"),
+        (["generate", "hi", "--policy", "speculative", "--fallback", "0.5"], "--fallback is only for --policy bild"),
+        (["chat", "--policy", "speculative", "--rollback", "3"], "--rollback is only for --policy bild"),
+        (["generate", "hi", "--policy", "escalation", "--rollback", "3"], "--rollback is only for --policy bild"),
+        # bad values name the flag and the limit
+        (
+            ["generate", "hi", "--policy", "speculative", "--k", "0"],
+            "--k: must be an integer in [1, 64] or auto, got 0",
+        ),
+        (["generate", "hi", "--policy", "speculative", "--k", "65"], "--k: must be an integer in [1, 64] or auto"),
+        (["chat", "--policy", "speculative", "--k", "foo"], "--k: expected an integer in [1, 64] or auto, got 'foo'"),
+        (["generate", "hi", "--policy", "bild", "--fallback", "1.5"], "--fallback: must be in [0, 1], got 1.5"),
+        (["generate", "hi", "--policy", "bild", "--fallback", "x"], "--fallback: expected a number, got 'x'"),
+        (["generate", "hi", "--policy", "bild", "--rollback", "0"], "--rollback: must be > 0, got 0"),
+        (["generate", "hi", "--policy", "bild", "--rollback", "-2"], "--rollback: must be > 0, got -2"),
+        (["generate", "hi", "--precision", "fp8"], "--precision: invalid choice: 'fp8'"),
+        (["generate", "hi", "--policy", "speculative", "--model", "huge=."], "names its models ['small', 'large']"),
     ],
 )
 def test_bad_arguments_give_one_line_and_exit_2(argv, message, capsys, empty_store):
@@ -131,6 +171,89 @@ def test_bad_arguments_give_one_line_and_exit_2(argv, message, capsys, empty_sto
     assert out == ""
     assert err.count("\n") == 1 and err.startswith("tokenrouter"), err
     assert message in err, err
+
+
+# ---- policies and precision from the arguments (nothing loaded) --------------------------------
+def parse(*argv: str):
+    return cli.build_parser().parse_args(["generate", "hi", *argv])
+
+
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--policy", "speculative"], Speculative(k=4)),
+        (["--policy", "speculative", "--k", "8"], Speculative(k=8)),
+        (["--policy", "speculative", "--k", "64"], Speculative(k=64)),
+        (["--policy", "speculative", "--k", "auto"], Speculative(k="auto")),
+        (["--policy", "bild"], BiLD(fallback=0.9, rollback=2.0)),
+        (["--policy", "bild", "--fallback", "0.6", "--rollback", "5"], BiLD(fallback=0.6, rollback=5.0)),
+        (["--policy", "bild", "--fallback", "1", "--rollback", "0.5"], BiLD(fallback=1.0, rollback=0.5)),
+        (["--policy", "bild", "--rollback", "3"], BiLD(fallback=0.9, rollback=3.0)),
+    ],
+)
+def test_speculative_and_bild_are_built_with_their_knobs(argv, expected):
+    policy = engine_setup.policy_from_args(parse(*argv))
+    assert type(policy) is type(expected) and repr(policy) == repr(expected)
+    assert policy.models == ["small", "large"]
+
+
+@pytest.mark.parametrize(
+    "precision, dtype, quantization",
+    [("auto", "auto", None), ("float32", "float32", None), ("bfloat16", "bfloat16", None), ("gguf", "auto", "gguf")],
+)
+def test_precision_sets_each_models_spec(precision, dtype, quantization, tiny_pair):
+    args = parse(*pair_args(tiny_pair), "--policy", "bild", "--precision", precision, "--device", "cpu")
+    specs = engine_setup.models_from_args(args, engine_setup.policy_from_args(args))
+    assert set(specs) == {"small", "large"}
+    for name, spec in specs.items():
+        assert spec.path == tiny_pair[name]  # gguf: not checked for a GGUF until it loads
+        assert (spec.dtype, spec.quantization, spec.device) == (dtype, quantization, "cpu")
+
+
+def test_precision_auto_keeps_a_store_models_gguf_on_cpu(tmp_path, monkeypatch, tiny_pair):
+    """auto is the API's fastest_spec: a store model (its directory beside the GGUF it came from)
+    keeps the GGUF's weights on CPU; float32 asks for float32 instead."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    name = store.DEFAULT_MODELS["small"]
+    directory = tmp_path / "models" / name
+    directory.mkdir(parents=True)
+    (directory / COMPLETE_MARKER).write_text(store.MODELS[name].sha256)
+    (tmp_path / "gguf").mkdir()
+    (tmp_path / "gguf" / f"{name}.gguf").write_bytes(b"")
+    argv = [f"--model=small={directory}", f"--model=large={tiny_pair['large']}", "--device", "cpu"]
+    for precision, small, large in [
+        ("auto", ("auto", "gguf"), ("auto", None)),
+        ("float32", ("float32", None), ("float32", None)),
+    ]:
+        args = parse(*argv, "--precision", precision)
+        specs = engine_setup.models_from_args(args, engine_setup.policy_from_args(args))
+        assert (specs["small"].dtype, specs["small"].quantization) == small, precision
+        assert (specs["large"].dtype, specs["large"].quantization) == large, precision
+
+
+def test_precision_gguf_on_a_gpu_is_a_usage_error_naming_the_flag(capsys, tiny_pair, monkeypatch):
+    monkeypatch.setattr(engine_setup, "device_from_arg", lambda arg: "cuda")  # as if this machine had CUDA
+    code, out, err = run_cli(["generate", "hi", "--precision", "gguf", *pair_args(tiny_pair)], capsys)
+    assert code == 2 and out == ""
+    assert err.count("\n") == 1 and err.startswith("tokenrouter: error: --precision gguf (small): "), err
+    assert "'cpu'" in err and "'cuda'" in err, err
+
+
+def test_bench_takes_precision_as_generate_does(tiny_pair):
+    def config(*argv):
+        args = cli.build_parser().parse_args(["bench", "--quick", *pair_args(tiny_pair), "--device", "cpu", *argv])
+        return bench_command.bench_config(args)
+
+    cfg = config("--precision", "bfloat16")
+    assert (cfg.dtype, cfg.model_options) == ("bfloat16", {})
+    cfg = config("--precision", "gguf")
+    assert cfg.dtype == "auto" and cfg.model_options == {m: {"quantization": "gguf"} for m in ("small", "large")}
+    cfg = config("--dtype", "float64")
+    assert (cfg.dtype, cfg.model_options) == ("float64", {})
+    with pytest.raises(cli.UsageError, match=r"^--dtype float64 and --precision float32: give one of them$"):
+        config("--dtype", "float64", "--precision", "float32")
+    cfg = config("--policy", "speculative", "--k", "auto")
+    assert repr(cfg.policy) == repr(Speculative(k="auto"))
 
 
 def test_a_missing_store_model_names_the_pull_command(capsys, empty_store):
@@ -164,7 +287,9 @@ def test_generate_json_equals_the_reference(capsys, tiny_pair):
     code, out, err = run_cli(argv, capsys)
     assert code == 0, err
     record = json.loads(out)  # one JSON object, nothing else on stdout
-    assert set(record) >= {"text", "token_ids", "token_models", "summary", "policy", "models"}
+    assert set(record) >= {"text", "token_ids", "token_models", "summary", "policy", "models", "precision"}
+    assert set(record["precision"]) == {"small", "large"}
+    assert all(p.startswith(("float32", "bfloat16", "float64")) for p in record["precision"].values())
 
     from tokenrouter import ModelSpec
     from tokenrouter.engine.model.loader import load_tokenizer
@@ -195,6 +320,8 @@ def test_generate_prints_plain_text_then_the_summary(capsys, tiny_pair):
     assert summary.startswith("[small ") and " · large " in summary and "hand-offs" in summary
     assert "tokens/s" in summary and "finish: length" in summary
     assert "loaded in" in err  # progress goes to stderr, the answer to stdout
+    for name in ("small", "large"):  # then what each model computes in, and its linear layers' kernels
+        assert re.search(rf"^  {name}: (float32|bfloat16|float64)\b.*; linear: \S+$", err, flags=re.M), err
 
 
 def test_generate_colours_each_models_tokens_on_a_terminal(capsys, tiny_pair, monkeypatch):
@@ -229,6 +356,23 @@ def test_single_policy_uses_one_model(capsys, tiny_pair):
     assert code == 0
     record = json.loads(out)
     assert record["token_models"] == ["m"] * 5 and record["summary"]["handoffs"] == 0
+
+
+@pytest.mark.parametrize(
+    "argv, policy",
+    [
+        (["--policy", "speculative", "--k", "2"], "Speculative(k=2, draft='small', target='large')"),
+        (["--policy", "bild", "--fallback", "0.5", "--rollback", "3"], "BiLD(fallback=0.5, rollback=3.0,"),
+    ],
+)
+def test_generate_with_speculative_and_bild(argv, policy, capsys, tiny_pair):
+    argv = ["generate", "def add(a, b):", "--json", "--max-tokens", "6", "--precision", "float32", *argv]
+    code, out, err = run_cli([*argv, *pair_args(tiny_pair)[:3]], capsys)  # no --tau: it is RStitch's
+    assert code == 0, err
+    record = json.loads(out)
+    assert record["policy"].startswith(policy)
+    assert len(record["token_ids"]) == 6 and set(record["token_models"]) <= {"small", "large"}
+    assert record["precision"] == {"small": "float32 (as asked)", "large": "float32 (as asked)"}
 
 
 # ---- chat --------------------------------------------------------------------------------------

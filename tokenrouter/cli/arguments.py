@@ -7,8 +7,13 @@ import argparse
 
 from .. import store
 
-POLICIES = ("rstitch", "single", "citer", "r2r", "collm", "escalation")
+POLICIES = ("rstitch", "single", "citer", "r2r", "collm", "escalation", "speculative", "bild")
 LEARNED = ("citer", "r2r", "collm")
+PRECISIONS = ("auto", "float32", "bfloat16", "gguf")  # api.setup.PRECISIONS, without importing torch
+# the knobs of Speculative and BiLD: their defaults here, and the policies that take each
+MAX_DRAFT_LENGTH = 64  # Speculative's bound on k
+DEFAULT_K, DEFAULT_FALLBACK, DEFAULT_ROLLBACK = 4, 0.9, 2.0  # BiLD(0.9/2): the setting measured in docs/
+KNOBS = {"--k": ("k", ("speculative",)), "--fallback": ("fallback", ("bild",)), "--rollback": ("rollback", ("bild",))}
 
 
 class UsageError(Exception):
@@ -75,6 +80,31 @@ def fraction(low_open: bool, high_open: bool):
     return parse
 
 
+def positive_number(text: str) -> float:
+    """An argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def draft_length(text: str) -> int | str:
+    """An argparse type: Speculative's k, an integer in [1, 64] or the word auto."""
+    if text.strip() == "auto":
+        return "auto"
+    limit = f"[1, {MAX_DRAFT_LENGTH}]"
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer in {limit} or auto, got {text!r}") from None
+    if not 1 <= value <= MAX_DRAFT_LENGTH:
+        raise argparse.ArgumentTypeError(f"must be an integer in {limit} or auto, got {value}")
+    return value
+
+
 def taus(text: str) -> list[float]:
     try:
         values = [float(t) for t in text.split(",")]
@@ -87,7 +117,8 @@ def taus(text: str) -> list[float]:
 
 
 def add_routing_options(g) -> None:
-    """--policy, --tau, --router, --threshold, --taus, --model, --no-pull: shared by generate, chat, bench."""
+    """--policy, --tau, --router, --threshold, --taus, --k, --fallback, --rollback, --model, --no-pull:
+    shared by generate, chat, bench."""
     g.add_argument(
         "--policy",
         choices=POLICIES,
@@ -95,7 +126,10 @@ def add_routing_options(g) -> None:
         help="routing policy: rstitch (default; small model, large one where the small one is unsure); "
         "single (one model, given with --model); citer, r2r or collm (a learned router decides which "
         "tokens the large model writes; give --router); escalation (two or more models, usually "
-        "three, smallest first, given with --model; --taus)",
+        "three, smallest first, given with --model; --taus); speculative (lossless: the small model "
+        "drafts --k tokens, the large one verifies them, so the output is the large model's); bild "
+        "(the small model writes, the large one takes over below --fallback and rolls back past "
+        "--rollback)",
     )
     g.add_argument(
         "--tau",
@@ -128,12 +162,37 @@ def add_routing_options(g) -> None:
         "(default: --tau for each)",
     )
     g.add_argument(
+        "--k",
+        type=draft_length,
+        default=None,
+        metavar="N|auto",
+        help=f"speculative: the draft length, an integer in [1, {MAX_DRAFT_LENGTH}], or auto (picked from "
+        f"the acceptance rate seen lately and the models' step latencies) (default {DEFAULT_K})",
+    )
+    g.add_argument(
+        "--fallback",
+        type=fraction(low_open=False, high_open=False),
+        default=None,
+        metavar="P",
+        help="bild: the small model writes while its top probability is at least P, in [0, 1]; below, "
+        f"the large model writes the token (default {DEFAULT_FALLBACK})",
+    )
+    g.add_argument(
+        "--rollback",
+        type=positive_number,
+        default=None,
+        metavar="D",
+        help="bild: the large model rolls back the first small-model token whose distance, "
+        f"-log p_large(token) in nats, exceeds D > 0 (default {DEFAULT_ROLLBACK})",
+    )
+    g.add_argument(
         "--model",
         action="append",
         type=model_arg,
         default=[],
         metavar="NAME=PATH",
-        help="a model as the policy names it (rstitch, citer, r2r, collm: small, large; escalation: any "
+        help="a model as the policy names it (rstitch, citer, r2r, collm, speculative, bild: small, "
+        "large; escalation: any "
         "names, smallest first) and where it is: a Hugging Face directory, a .gguf file or a store "
         "name; repeatable. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
@@ -141,9 +200,24 @@ def add_routing_options(g) -> None:
     g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
 
 
+def add_precision_option(g) -> None:
+    """--precision: what every model computes in (generate, chat, bench, eval)."""
+    g.add_argument(
+        "--precision",
+        choices=PRECISIONS,
+        default="auto",
+        help="what every model computes in: auto (default: on CPU a store model keeps its GGUF's own "
+        "weights, as with gguf, any other model computes in float32 or bfloat16, whichever a timed "
+        "probe finds faster on this machine; on a GPU the checkpoint's dtype); float32; bfloat16; gguf "
+        "(the weights as the model's GGUF holds them, 4-bit where Q4_K, computed in bfloat16; CPU only; "
+        "needs the GGUF: a store model or a .gguf file)",
+    )
+
+
 def add_engine_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("models and routing")
     add_routing_options(g)
+    add_precision_option(g)
     optional_count(
         g, "--threads", "torch threads per worker (default: on CPU the workers take turns, each step on every core)"
     )

@@ -7,8 +7,15 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from .arguments import UsageError, add_routing_options, optional_count, positive_int, positive_seconds
-from .engine_setup import device_from_arg, model_paths, policy_from_args
+from .arguments import (
+    UsageError,
+    add_precision_option,
+    add_routing_options,
+    optional_count,
+    positive_int,
+    positive_seconds,
+)
+from .engine_setup import device_from_arg, model_paths, model_spec, policy_from_args
 from .output import status
 
 
@@ -125,8 +132,9 @@ def add_parsers(sub) -> None:
         "--dtype",
         choices=("auto", "float32", "float64", "bfloat16", "float16"),
         default="auto",
-        help="the models' compute dtype (default auto: float32 on CPU, the checkpoint's on GPU)",
+        help="the models' compute dtype, for dtypes --precision does not offer (default auto: as --precision says)",
     )
+    add_precision_option(r)
     r.add_argument(
         "--out",
         metavar="DIR",
@@ -191,9 +199,11 @@ def bench_config(args):
         raise UsageError(f"--out {args.out}: exists and is not a directory")
     policy = policy_from_args(args)
     models = model_paths(args, policy)
+    dtype, model_options = precision_options(args, models)
     return BenchConfig(
         models=models,
         policy=policy,
+        model_options=model_options,
         workloads=specs,
         systems=list(dict.fromkeys(args.systems or SYSTEMS)),
         concurrency=sorted(set(args.concurrency or ([1, 3] if args.quick else [1, 4, 16]))),
@@ -207,9 +217,22 @@ def bench_config(args):
         reuse_engines=args.reuse_engines or args.quick,
         seed=args.seed,
         device=args.device,
-        dtype=args.dtype,
+        dtype=dtype,
         warmup_tokens=2 if args.quick else 8,
     )
+
+
+def precision_options(args, models: dict) -> tuple[str, dict[str, dict]]:
+    """--precision (or --dtype) as the bench's dtype and per-model ModelSpec fields: each model's
+    spec is built as generate builds it (`model_spec`), so the flag means the same in both."""
+    if args.dtype != "auto" and args.precision != "auto":
+        raise UsageError(f"--dtype {args.dtype} and --precision {args.precision}: give one of them")
+    fields = {"device": args.device} if args.dtype == "auto" else {"device": args.device, "dtype": args.dtype}
+    specs = {m: model_spec(m, path, args.precision, **fields) for m, path in models.items()}
+    dtypes = {s.dtype for s in specs.values()}
+    assert len(dtypes) == 1, dtypes  # --precision and --dtype set one dtype for every model
+    options = {m: {"quantization": s.quantization} for m, s in specs.items() if s.quantization is not None}
+    return dtypes.pop(), options
 
 
 def bench(args, argv: Sequence[str] | None) -> int:

@@ -6,18 +6,28 @@ from __future__ import annotations
 from pathlib import Path
 
 from .. import store
-from .arguments import LEARNED, UsageError
+from .arguments import DEFAULT_FALLBACK, DEFAULT_K, DEFAULT_ROLLBACK, KNOBS, LEARNED, UsageError
 
 
 def policy_from_args(args):
-    from ..policies import CITER, R2R, CoLLM, Escalation, RStitch, Single
+    from ..policies import CITER, R2R, BiLD, CoLLM, Escalation, RStitch, Single, Speculative
 
+    for flag, (attr, owners) in KNOBS.items():
+        if getattr(args, attr) is not None and args.policy not in owners:
+            raise UsageError(f"{flag} is only for --policy {' or '.join(owners)}")
     if args.policy not in LEARNED:
         for flag, value in (("--router", args.router), ("--threshold", args.threshold)):
             if value is not None:
                 raise UsageError(f"{flag} is only for --policy citer, r2r or collm")
     if args.taus is not None and args.policy != "escalation":
         raise UsageError("--taus is only for --policy escalation")
+    if args.policy == "speculative":
+        return Speculative(k=DEFAULT_K if args.k is None else args.k)
+    if args.policy == "bild":
+        return BiLD(
+            fallback=DEFAULT_FALLBACK if args.fallback is None else args.fallback,
+            rollback=DEFAULT_ROLLBACK if args.rollback is None else args.rollback,
+        )
     if args.policy in LEARNED:
         if args.router is None:
             raise UsageError(
@@ -91,12 +101,26 @@ def device_from_arg(arg: str | None) -> str:
     return arg
 
 
-def models_from_args(args, policy) -> dict:
-    from ..config import ModelSpec
+def model_spec(name: str, path: Path, precision: str = "auto", **fields):
+    """Model `name`'s ModelSpec with --precision applied: auto is what the API gives a caller who
+    asks for nothing in particular (`fastest_spec`: a store model on CPU keeps its GGUF's weights,
+    anything else dtype="auto", which a timed probe resolves); float32 and bfloat16 set dtype, gguf
+    quantization="gguf". generate, chat and bench build every spec here, so the flag means the same
+    in each."""
+    from pydantic import ValidationError
 
+    from ..api.setup import first_error, spec_in_precision
+
+    try:
+        return spec_in_precision(path, precision, **fields)
+    except ValidationError as e:  # e.g. gguf on a GPU
+        raise UsageError(f"--precision {precision} ({name}): {first_error(e)}") from None
+
+
+def models_from_args(args, policy) -> dict:
     device = device_from_arg(args.device)
     return {
-        m: ModelSpec(path=p, kv_cache_tokens=args.kv_cache_tokens, device=device)
+        m: model_spec(m, p, args.precision, kv_cache_tokens=args.kv_cache_tokens, device=device)
         for m, p in model_paths(args, policy).items()
     }
 

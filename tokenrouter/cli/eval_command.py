@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .. import store
 from ..errors import TokenRouterError
-from .arguments import UsageError, model_arg, nonnegative_int, positive_int, positive_seconds
+from .arguments import UsageError, add_precision_option, model_arg, nonnegative_int, positive_int, positive_seconds
 from .engine_setup import device_from_arg, model_path
 from .output import status
 
@@ -135,6 +135,7 @@ def add_parser(subparsers) -> argparse.ArgumentParser:
         help="torch threads per worker (default: on CPU the workers take turns on every core)",
     )
     r.add_argument("--device", default=None, help="torch device (default cuda if available, else cpu)")
+    add_precision_option(r)
     p.set_defaults(command="eval", run=lambda args, argv: run(args, argv=argv))  # the CLI calls args.run(args, argv)
     return p
 
@@ -187,6 +188,7 @@ def _plan(args, say, argv=None):
             kv_cache_tokens=args.kv_cache_tokens,
             threads=args.threads,
             device=device_from_arg(args.device),
+            precision=args.precision,
         )
     except ValidationError as e:
         err = e.errors()[0]

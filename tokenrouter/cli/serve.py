@@ -24,7 +24,8 @@ def add_parsers(sub) -> None:
     gen.add_argument(
         "--json",
         action="store_true",
-        help="print one JSON object: text, token ids, the model that wrote each token, and the summary",
+        help="print one JSON object: text, token ids, the model that wrote each token, what each model computes "
+        "in, and the summary",
     )
     add_engine_options(gen)
 
@@ -55,6 +56,19 @@ def quiet_transformers() -> None:
     transformers.logging.disable_progress_bar()  # per-tensor loading bars; we say "loading" once
 
 
+def precision_of(loaded) -> str:
+    """What a loaded model computes in, and why (its dtype alone where the loader did not say)."""
+    return loaded.precision or str(loaded.dtype).removeprefix("torch.")
+
+
+def model_lines(engine) -> list[str]:
+    """One line per loaded model: what it computes in and why, and what its linear layers run on."""
+    return [
+        f"  {m}: {precision_of(engine.loaded[m])}; linear: {engine.loaded[m].linear_kernel}"
+        for m in engine.policy.models
+    ]
+
+
 def messages(args, text: str) -> list[dict]:
     system = [{"role": "system", "content": args.system}] if args.system else []
     return [*system, {"role": "user", "content": text}]
@@ -72,8 +86,11 @@ async def generate(args) -> int:
         status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
     async with engine:
         load_s = time.perf_counter() - t0
+        precision = {m: precision_of(engine.loaded[m]) for m in names}
         if not args.json:
             status(painter.dim(f"loaded in {load_s:.1f} s; {engine.policy!r}"))
+            for line in model_lines(engine):
+                status(painter.dim(line))
         request = prompt if args.raw else messages(args, prompt)
         t1 = time.perf_counter()
         out = None
@@ -92,6 +109,7 @@ async def generate(args) -> int:
             "token_models": out.token_models,
             "policy": repr(engine.policy),
             "models": {m: str(spec.path) for m, spec in engine.specs.items()},
+            "precision": precision,
             "summary": {**s, "load_seconds": round(load_s, 3), "steps_by_threads": steps_by_threads},
         }
         if out.error:
@@ -116,6 +134,8 @@ async def chat(args) -> int:
     painter = Painter(engine.policy.models, output.use_colour(args))
     status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
     async with engine:
+        for line in model_lines(engine):
+            status(painter.dim(line))
         legend = " ".join(painter.text(m, m) for m in engine.policy.models)
         status(painter.dim(f"ready ({legend}{painter.dim('); /reset forgets the conversation, /exit leaves')}"))
         history = [{"role": "system", "content": args.system}] if args.system else []
