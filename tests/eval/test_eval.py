@@ -15,7 +15,7 @@ from tokenrouter.eval.label_placement import LABEL_SLOTS, label_box, place_label
 from tokenrouter.eval.pareto import pareto_front
 from tokenrouter.eval.prompt import INSTRUCTION, RESPONSE_PREFIX, build_program, extract_code, prompt_ids
 from tokenrouter.eval.report import markdown
-from tokenrouter.eval.results import ResultsFile, check_resumable
+from tokenrouter.eval.results import ResultsFile, check_resumable, portable
 from tokenrouter.eval.sandbox import run_program
 from tokenrouter.eval.sandbox_limits import Limits
 from tokenrouter.eval.summary import summarize
@@ -282,6 +282,20 @@ def test_resuming_needs_the_same_configuration(tmp_path):
         check_resumable(tmp_path, run, {**run, "models": {"small": {"fingerprint": "t"}}})
     with pytest.raises(ConfigError, match="prompt_version"):
         check_resumable(tmp_path, run, {**run, "prompt_version": 2})
+    with pytest.raises(ConfigError, match=r"precision: \"auto\" there, \"float32\" now"):
+        check_resumable(tmp_path, {**run, "precision": "auto"}, {**run, "precision": "float32"})
+
+
+def test_records_name_no_place_of_this_machine(tmp_path, monkeypatch):
+    home = tmp_path / "home"
+    monkeypatch.setenv("TOKENROUTER_HOME", str(home / ".cache" / "tokenrouter"))
+    monkeypatch.setenv("HOME", str(home))
+    work = home / "work"
+    work.mkdir(parents=True)
+    monkeypatch.chdir(work)
+    command = f"tokenrouter eval --systems r=r2r:0.8@{work}/routers/r2r --model large={home}/models/x --out {work}/o"
+    assert portable(command) == "tokenrouter eval --systems r=r2r:0.8@routers/r2r --model large=~/models/x --out o"
+    assert portable(home / ".cache" / "tokenrouter" / "models" / "m") == "$TOKENROUTER_HOME/models/m"
 
 
 # ---- FLOPs and the report -------------------------------------------------------------------

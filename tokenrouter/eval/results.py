@@ -29,7 +29,7 @@ from ..errors import ConfigError
 RESULTS = "results.jsonl"
 FORMAT = 1
 # The parts of the "run" record that the numbers depend on: a resume must agree on all of them.
-MUST_MATCH = ("format", "prompt_version", "max_tokens", "models", "data", "sandbox")
+MUST_MATCH = ("format", "prompt_version", "max_tokens", "precision", "models", "data", "sandbox")
 
 
 class ResultsFile:
@@ -136,3 +136,15 @@ def model_fingerprint(path: str | Path) -> str:
                 fh.seek((size - (1 << 20)) * i // 7)
                 h.update(fh.read(1 << 20))
     return h.hexdigest()[:16]
+
+
+def portable(text: str | Path) -> str:
+    """`text` (a path, or a command line naming paths) with this machine's places written so a
+    reader elsewhere can follow them and they say nothing of the machine: the working directory
+    dropped (relative paths), the store's home as $TOKENROUTER_HOME, the user's home as ~."""
+    from ..store import home_dir
+
+    out = str(text)
+    for place, name in ((Path.cwd(), ""), (home_dir(), "$TOKENROUTER_HOME/"), (Path.home(), "~/")):
+        out = out.replace(f"{Path(place).resolve()}/", name).replace(f"{place}/", name)
+    return out

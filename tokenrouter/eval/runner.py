@@ -33,16 +33,17 @@ from pathlib import Path
 import anyio
 
 from ..api import Engine
+from ..api.setup import spec_in_precision
 from ..bench.engines import release_memory, wait_free
 from ..bench.machine import machine_info
 from ..bench.metrics import percentile
-from ..config import ModelSpec, SamplingParams
+from ..config import SamplingParams
 from ..errors import ConfigError, TokenRouterError
 from ..files import sha256_file
 from .data import Problem
 from .flops import describe, flops_per_token, parameter_counts
 from .prompt import PROMPT_VERSION, STOP, build_program, prompt_ids
-from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, header, model_fingerprint
+from .results import FORMAT, RESULTS, ResultsFile, check_resumable, done_keys, header, model_fingerprint, portable
 from .sandbox import run_program
 from .sandbox_limits import Limits
 from .settings import EvalSettings
@@ -95,7 +96,7 @@ def run_record(plan: EvalPlan) -> dict:
     for name, path in plan.models.items():
         counts = parameter_counts(path)
         models[name] = {
-            "path": str(path),
+            "path": portable(path),
             "fingerprint": model_fingerprint(path),
             "flops_per_token": flops_per_token(path),
             "parameters": counts["total"],
@@ -108,11 +109,12 @@ def run_record(plan: EvalPlan) -> dict:
         "format": FORMAT,
         "prompt_version": PROMPT_VERSION,
         "max_tokens": plan.settings.max_tokens,
+        "precision": plan.settings.precision,
         "models": models,
         "data": plan.data,
         "sandbox": {"timeout_s": limits.timeout_s, "memory_bytes": limits.memory_bytes},
         "created": _now(),
-        "command": plan.command,
+        "command": portable(plan.command),
     }
 
 
@@ -149,6 +151,8 @@ def _system_record(system: System, engine: Engine, plan: EvalPlan) -> dict:
         "router": system.router,
         "router_fingerprint": router_sha,
         "dtype": {m: str(engine.loaded[m].dtype).removeprefix("torch.") for m in system.models},
+        "precision": {m: engine.loaded[m].precision for m in system.models},
+        "linear_kernel": {m: engine.loaded[m].linear_kernel for m in system.models},
         "device": plan.settings.device,
         "date": _now(),
     }
@@ -200,7 +204,11 @@ def _minus(a: dict[str, int], b: dict[str, int]) -> dict[str, int]:
 async def _loaded(system: System, plan: EvalPlan):
     """The system's engine, started and warmed up; closed and its memory given back after."""
     kv = plan.settings.kv_tokens()
-    specs = {m: ModelSpec(path=plan.models[m], kv_cache_tokens=kv, device=plan.settings.device) for m in system.models}
+    settings = plan.settings
+    specs = {
+        m: spec_in_precision(plan.models[m], settings.precision, kv_cache_tokens=kv, device=settings.device)
+        for m in system.models
+    }
     engine = Engine(models=specs, policy=system.make(), num_threads=plan.settings.threads)
     await engine.start()
     try:

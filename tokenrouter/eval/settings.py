@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
 class EvalSettings(BaseModel):
-    """The knobs of one evaluation run. Those that change the numbers (max_tokens, the sandbox's
-    timeout and memory) are recorded in results.jsonl and must match on --resume."""
+    """The knobs of one evaluation run. Those that change the numbers (max_tokens, precision, the
+    sandbox's timeout and memory) are recorded in results.jsonl and must match on --resume."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -25,6 +27,9 @@ class EvalSettings(BaseModel):
     kv_cache_tokens: int | None = Field(None, ge=1, strict=True, description="Per model; None: enough for C answers.")
     threads: int | None = Field(None, ge=1, strict=True, description="torch threads per worker; None: turns.")
     device: str = "cpu"
+    precision: Literal["auto", "float32", "bfloat16", "gguf"] = Field(
+        "auto", description="What the models compute in (the command line's --precision); auto: the API's default."
+    )
     sandbox_workers: int = Field(2, ge=1, le=256, strict=True, description="Programs tested at once.")
 
     @property
