@@ -6,14 +6,13 @@ Shared with `tokenrouter eval`, which opens and closes engines the same way.
 
 from __future__ import annotations
 
-import ctypes
-import gc
 import time
 
 import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
+from ..engine.model import heap
 from ..engine.model.torch_threads import usable_cores
 from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS
@@ -42,11 +41,7 @@ async def wait_free(engine: Engine, timeout: float = 30.0) -> bool:
 def release_memory() -> None:
     """Give a closed engine's memory back before the next one loads (two copies of a real pair
     do not fit on a small machine): collect cycles, and return freed heap to the OS (glibc)."""
-    gc.collect()
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
+    heap.trim()
 
 
 async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> Engine:
