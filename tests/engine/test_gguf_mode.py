@@ -119,11 +119,13 @@ def test_gguf_mode_needs_a_gguf_and_cpu(tmp_path, tokenizer):
 
     path = build_tiny_model(tmp_path / "m", "qwen2", tokenizer=tokenizer, hidden_size=256, num_attention_heads=4)
 
-    async def main():
-        async with Engine(models={"m": ModelSpec(path=path, dtype="bfloat16", quantization="gguf")}):
+    async def main(dtype):
+        async with Engine(models={"m": ModelSpec(path=path, dtype=dtype, quantization="gguf")}):
             pass
 
-    with pytest.raises(ModelLoadError, match="quantization='gguf'.*no GGUF file"):
-        anyio.run(main)
+    # also with dtype auto, which (the suite's probe answering "no native bf16") falls back to float32
+    for dtype in ("bfloat16", "auto"):
+        with pytest.raises(ModelLoadError, match="quantization='gguf'.*no GGUF file"):
+            anyio.run(main, dtype)
     with pytest.raises(ValidationError, match="quantization='gguf' runs on device 'cpu' with dtype auto or bfloat16"):
         ModelSpec(path=path, quantization="gguf", dtype="float32")

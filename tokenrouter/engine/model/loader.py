@@ -88,9 +88,11 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{spec.path}: encoder-decoder models are not supported, only decoder-only ones")
     device = _usable_device(spec)
+    # a GGUF asked for must exist on every machine, also where the mode falls back to float32
+    gguf_path = _gguf_path(spec, directory, gguf_file) if spec.quantization == "gguf" else None
     precision = resolve_precision(spec, config, device, threads)
     dtype = precision.dtype
-    gguf = _open_gguf(spec, directory, gguf_file, config) if precision.quantization == "gguf" else None
+    gguf = GGUFWeights(gguf_path, config) if precision.quantization == "gguf" else None
     try:
         skip = kernels.gguf_sourced(meta_model(config), gguf) if gguf is not None else set()
         streamed = None if gguf_file is not None else load_streaming(config, directory, dtype, ATTN, skip)
@@ -127,7 +129,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     )
 
 
-def _open_gguf(spec: ModelSpec, directory: Path, gguf_file: str | None, config) -> GGUFWeights:
+def _gguf_path(spec: ModelSpec, directory: Path, gguf_file: str | None) -> Path:
     """The GGUF the weights come from: the model path itself, the store's own copy of the
     checkpoint a converted directory was made from, or the one GGUF file beside its config."""
     from ... import store
@@ -141,7 +143,7 @@ def _open_gguf(spec: ModelSpec, directory: Path, gguf_file: str | None, config) 
             f"quantization='gguf' for {spec.path}: no GGUF file for it (a .gguf path, a store model, or a "
             "directory holding one .gguf beside its config)"
         )
-    return GGUFWeights(path, config)
+    return path
 
 
 def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:
