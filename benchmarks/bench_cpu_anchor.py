@@ -12,7 +12,8 @@ machine hits one repeat of each system):
   engine, per precision     tokenrouter.bench over the systems below at each C, one run each:
                             large, small (each alone), rstitch (RStitch(0.03)), bild (BiLD(0.9/2)),
                             speculative-auto and speculative-4 (Speculative(k)). Precisions:
-                            gguf (the GGUF's own 4-bit/int8 weights, bf16 compute), bfloat16,
+                            gguf (the GGUF's own 4-bit/int8 weights, bf16 compute), gguf+bf16
+                            (those for steps of few rows, bf16 copies for more), bfloat16,
                             float32; `--all-systems-in` names those that run every system, the
                             others run the models alone (enough for the ratios that need them)
 
@@ -61,6 +62,7 @@ POLICIES = {
 }
 PRECISION_OPTIONS = {  # BenchConfig dtype, and the ModelSpec fields every model gets
     "gguf": ("auto", {"quantization": "gguf"}),
+    "gguf+bf16": ("auto", {"quantization": "gguf+bf16"}),
     "bfloat16": ("bfloat16", {}),
     "float32": ("float32", {}),
     "auto": ("auto", {}),

@@ -78,7 +78,7 @@ def test_every_help_is_complete(command, capsys):
             "--k N|auto",
             "--fallback P",
             "--rollback D",
-            "--precision {auto,float32,bfloat16,gguf}",
+            "--precision {auto,float32,bfloat16,gguf,gguf+bf16}",
         ],
         ("chat",): [
             "/reset",
@@ -199,7 +199,13 @@ def test_speculative_and_bild_are_built_with_their_knobs(argv, expected):
 
 @pytest.mark.parametrize(
     "precision, dtype, quantization",
-    [("auto", "auto", None), ("float32", "float32", None), ("bfloat16", "bfloat16", None), ("gguf", "auto", "gguf")],
+    [
+        ("auto", "auto", None),
+        ("float32", "float32", None),
+        ("bfloat16", "bfloat16", None),
+        ("gguf", "auto", "gguf"),
+        ("gguf+bf16", "auto", "gguf+bf16"),
+    ],
 )
 def test_precision_sets_each_models_spec(precision, dtype, quantization, tiny_pair):
     args = parse(*pair_args(tiny_pair), "--policy", "bild", "--precision", precision, "--device", "cpu")
@@ -222,7 +228,7 @@ def test_precision_auto_keeps_a_store_models_gguf_on_cpu(tmp_path, monkeypatch, 
     (tmp_path / "gguf" / f"{name}.gguf").write_bytes(b"")
     argv = [f"--model=small={directory}", f"--model=large={tiny_pair['large']}", "--device", "cpu"]
     for precision, small, large in [
-        ("auto", ("auto", "gguf"), ("auto", None)),
+        ("auto", ("auto", "gguf+bf16"), ("auto", None)),
         ("float32", ("float32", None), ("float32", None)),
     ]:
         args = parse(*argv, "--precision", precision)

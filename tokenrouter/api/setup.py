@@ -150,6 +150,7 @@ PRECISIONS = {
     "float32": {"dtype": "float32"},
     "bfloat16": {"dtype": "bfloat16"},
     "gguf": {"quantization": "gguf"},
+    "gguf+bf16": {"quantization": "gguf+bf16"},
 }
 
 
@@ -164,14 +165,14 @@ def spec_in_precision(path, precision: str = "auto", **fields) -> ModelSpec:
 
 def fastest_spec(path, **fields) -> ModelSpec:
     """The spec a caller who asked for nothing in particular gets: on CPU, a store model keeps its
-    GGUF's own quantized weights (`quantization="gguf"`: 4-bit where the checkpoint is Q4_K,
-    computed in bf16, which falls back to float32 where the CPU has no fast bf16); anything else
-    computes in the dtype the probe picks (`dtype="auto"`)."""
+    GGUF's own quantized weights for steps of few rows and bf16 copies for the others
+    (`quantization="gguf+bf16"`: 4-bit where the checkpoint is Q4_K; float32 where the CPU has no
+    fast bf16); anything else computes in the dtype the probe picks (`dtype="auto"`)."""
     from .. import store
 
     spec = ModelSpec(path=path, **fields)
     if spec.device == "cpu" and spec.dtype == "auto" and spec.quantization is None and store.gguf_for(spec.path):
-        spec = spec.model_copy(update={"quantization": "gguf"})
+        spec = spec.model_copy(update={"quantization": "gguf+bf16"})
     return spec
 
 

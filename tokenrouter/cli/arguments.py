@@ -9,7 +9,7 @@ from .. import store
 
 POLICIES = ("rstitch", "single", "citer", "r2r", "collm", "escalation", "speculative", "bild")
 LEARNED = ("citer", "r2r", "collm")
-PRECISIONS = ("auto", "float32", "bfloat16", "gguf")  # api.setup.PRECISIONS, without importing torch
+PRECISIONS = ("auto", "float32", "bfloat16", "gguf", "gguf+bf16")  # api.setup.PRECISIONS, without importing torch
 # the knobs of Speculative and BiLD: their defaults here, and the policies that take each
 MAX_DRAFT_LENGTH = 64  # Speculative's bound on k
 DEFAULT_K, DEFAULT_FALLBACK, DEFAULT_ROLLBACK = 4, 0.9, 2.0  # BiLD(0.9/2): the setting measured in docs/
@@ -206,11 +206,12 @@ def add_precision_option(g) -> None:
         "--precision",
         choices=PRECISIONS,
         default="auto",
-        help="what every model computes in: auto (default: on CPU a store model keeps its GGUF's own "
-        "weights, as with gguf, any other model computes in float32 or bfloat16, whichever a timed "
-        "probe finds faster on this machine; on a GPU the checkpoint's dtype); float32; bfloat16; gguf "
-        "(the weights as the model's GGUF holds them, 4-bit where Q4_K, computed in bfloat16; CPU only; "
-        "needs the GGUF: a store model or a .gguf file)",
+        help="what every model computes in: auto (default: on CPU a store model as with gguf+bf16, any "
+        "other model in float32 or bfloat16, whichever a timed probe finds faster on this machine; on a "
+        "GPU the checkpoint's dtype); float32; bfloat16; gguf (the weights as the model's GGUF holds them, "
+        "4-bit where Q4_K, computed in bfloat16; the least memory; CPU only; needs the GGUF: a store model "
+        "or a .gguf file); gguf+bf16 (those for steps of few rows, bf16 copies for prefill and batches: "
+        "the fastest, with the bf16 weights' memory on top)",
     )
 
 

@@ -105,7 +105,7 @@ def model_spec(name: str, path: Path, precision: str = "auto", **fields):
     """Model `name`'s ModelSpec with --precision applied: auto is what the API gives a caller who
     asks for nothing in particular (`fastest_spec`: a store model on CPU keeps its GGUF's weights,
     anything else dtype="auto", which a timed probe resolves); float32 and bfloat16 set dtype, gguf
-    quantization="gguf". generate, chat and bench build every spec here, so the flag means the same
+    quantization="gguf" or "gguf+bf16". generate, chat and bench build every spec here, so the flag means the same
     in each."""
     from pydantic import ValidationError
 

@@ -140,11 +140,14 @@ class ModelSpec(BaseModel):
         description="CPU linear layers (float32 or bfloat16) through oneDNN, weights reordered once at load "
         "(decode steps about 2x faster on CPU). None: wherever it applies; True: required; False: torch's path.",
     )
-    quantization: Literal["gguf", "int8"] | None = Field(
+    quantization: Literal["gguf", "gguf+bf16", "int8"] | None = Field(
         None,
         description="'gguf': the weights as the model's GGUF checkpoint holds them (a .gguf path, or a store "
         "model, whose GGUF the store keeps): Q4_K tensors 4-bit, other quantized ones int8, computed in bfloat16 "
         "on CPU; where bfloat16 is not faster on this CPU, float32 weights instead (engine/model/precision.py). "
+        "'gguf+bf16': the same for steps of few rows, and dense bf16 copies of the weights for steps of many "
+        "(prefill, big batches), up to the rows a probe measured (engine/model/linear/by_rows.py): faster, "
+        "and the bf16 weights' memory on top. "
         "'int8': the linear layers (but the MLP output projections) with int8 weights and per-step int8 "
         "activations, float32 on CPU (engine/model/linear/int8.py); lossy, meant for a draft model whose "
         "tokens a verifying policy checks. None: the weights as loaded.",
@@ -215,7 +218,8 @@ class ModelSpec(BaseModel):
     def _one_budget(self) -> ModelSpec:
         if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
             raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
-        dtypes = {"int8": ("auto", "float32"), "gguf": ("auto", "bfloat16")}.get(self.quantization)
+        dtypes = {"int8": ("auto", "float32"), "gguf": ("auto", "bfloat16"), "gguf+bf16": ("auto", "bfloat16")}
+        dtypes = dtypes.get(self.quantization)
         if dtypes is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in dtypes):
             raise ValueError(
                 f"quantization={self.quantization!r} runs on device 'cpu' with dtype {' or '.join(dtypes)}, "

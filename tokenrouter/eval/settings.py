@@ -27,7 +27,7 @@ class EvalSettings(BaseModel):
     kv_cache_tokens: int | None = Field(None, ge=1, strict=True, description="Per model; None: enough for C answers.")
     threads: int | None = Field(None, ge=1, strict=True, description="torch threads per worker; None: turns.")
     device: str = "cpu"
-    precision: Literal["auto", "float32", "bfloat16", "gguf"] = Field(
+    precision: Literal["auto", "float32", "bfloat16", "gguf", "gguf+bf16"] = Field(
         "auto", description="What the models compute in (the command line's --precision); auto: the API's default."
     )
     sandbox_workers: int = Field(2, ge=1, le=256, strict=True, description="Programs tested at once.")

@@ -89,12 +89,13 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
         raise ModelLoadError(f"{spec.path}: encoder-decoder models are not supported, only decoder-only ones")
     device = _usable_device(spec)
     # a GGUF asked for must exist on every machine, also where the mode falls back to float32
-    gguf_path = _gguf_path(spec, directory, gguf_file) if spec.quantization == "gguf" else None
+    gguf_path = _gguf_path(spec, directory, gguf_file) if spec.quantization in ("gguf", "gguf+bf16") else None
     precision = resolve_precision(spec, config, device, threads)
     dtype = precision.dtype
-    gguf = GGUFWeights(gguf_path, config) if precision.quantization == "gguf" else None
+    gguf = GGUFWeights(gguf_path, config) if precision.quantization in ("gguf", "gguf+bf16") else None
     try:
-        skip = kernels.gguf_sourced(meta_model(config), gguf) if gguf is not None else set()
+        # "gguf" never reads the dense copies of what the GGUF supplies; "gguf+bf16" keeps them
+        skip = kernels.gguf_sourced(meta_model(config), gguf) if precision.quantization == "gguf" else set()
         streamed = None if gguf_file is not None else load_streaming(config, directory, dtype, ATTN, skip)
         model = streamed or AutoModelForCausalLM.from_pretrained(
             directory, gguf_file=gguf_file, dtype=dtype, attn_implementation=ATTN, local_files_only=True

@@ -8,6 +8,9 @@
   int8 (`linear/kernels.py`); those kernels take bfloat16 activations, so it computes in bf16.
   Where bf16 is not the faster dtype (no native bf16 on this CPU) it falls back to float32 with
   the weights dequantized, and says why: nothing gets slower than float32 would be.
+- `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
+  takes the quantized ones up to the rows where a probe found them faster (`linear/by_rows.py`);
+  it falls back to float32 as `gguf` does.
 - `quantization="int8"` (a drafter's dynamic int8) computes in float32, as its kernels need.
 """
 
@@ -34,8 +37,9 @@ DTYPES = {
 @dataclass(frozen=True)
 class Precision:
     dtype: torch.dtype
-    quantization: str | None  # "gguf", "int8" or None
+    quantization: str | None  # "gguf", "gguf+bf16", "int8" or None
     reason: str  # one line: what was chosen and why
+    quantized_rows: int = 0  # gguf+bf16: calls of up to this many rows use the quantized weights
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
@@ -63,11 +67,19 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
     if spec.dtype != "auto":
         return Precision(DTYPES[spec.dtype], quantization, "as asked")
-    choice = probe.precision_for(probe.probe_shapes(meta_model(config)), threads or torch.get_num_threads())
+    threads = threads or torch.get_num_threads()
+    shapes = probe.probe_shapes(meta_model(config))
+    choice = probe.precision_for(shapes, threads)
+    if quantization in ("gguf", "gguf+bf16") and choice.dtype != "bfloat16":
+        return Precision(
+            torch.float32, None, f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
+        )
     if quantization == "gguf":
-        if choice.dtype == "bfloat16":
-            return Precision(torch.bfloat16, "gguf", f"4-bit kernels with bf16 activations; {choice.reason}")
-        return Precision(torch.float32, None, f"quantization='gguf' falls back to float32 weights: {choice.reason}")
+        return Precision(torch.bfloat16, "gguf", f"4-bit kernels with bf16 activations; {choice.reason}")
+    if quantization == "gguf+bf16":
+        rows, _ = probe.quantized_rows(shapes[0], threads)
+        why = f"the GGUF's kernels up to {rows} rows, measured faster than bf16 there; {choice.reason}"
+        return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows)
     return Precision(choice.torch_dtype, None, choice.reason)
 
 

@@ -6,6 +6,9 @@
 - `quantization="gguf"`: each layer from its GGUF tensor: Q4_K as 4-bit groups (`int4.py`),
   other quantized types as int8 weights (`int8_weights.py`), unquantized ones packed in bf16;
   the embedding table stays in its GGUF blocks (`gguf_embedding.py`) unless the head shares it.
+- `quantization="gguf+bf16"`: the same quantized kernels for calls of few rows, and a dense bf16
+  copy of each weight, packed, for calls of more (`by_rows.py`): decode of a few requests reads
+  4 bits a weight, prefill and big batches compute in bf16;
 - anything else (a GPU, float64): torch's own linear.
 
 `gguf_sourced` names the parameters a GGUF supplies, so that the loader never reads their dense
@@ -22,7 +25,7 @@ from .. import heap
 from ..gguf_embedding import GGUFEmbedding
 from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
 from ..precision import Precision
-from . import int4, int8, int8_weights, onednn
+from . import by_rows, int4, int8, int8_weights, onednn
 
 QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
@@ -56,10 +59,16 @@ def prepare_linears(
     if spec.onednn_linear and not packing:
         why = "this torch build has no oneDNN" if not onednn.available() else f"not {dtype} on {device}"
         raise ModelLoadError(f"onednn_linear=True for {spec.path}: it needs float32 or bfloat16 on CPU, {why}")
-    if precision.quantization == "gguf":
+    if precision.quantization in ("gguf", "gguf+bf16"):
         if not (int4.available() and int8_weights.available()):
-            raise ModelLoadError(f"quantization='gguf' for {spec.path}: this torch has no int4/int8 CPU kernels")
-        return from_gguf(model, gguf, packing)
+            raise ModelLoadError(
+                f"quantization={precision.quantization!r} for {spec.path}: this torch has no int4/int8 CPU kernels"
+            )
+        if precision.quantization == "gguf":
+            return from_gguf(model, gguf, packing)
+        if not packing:
+            raise ModelLoadError(f"quantization='gguf+bf16' for {spec.path}: it needs oneDNN's bf16 linear on CPU")
+        return from_gguf(model, gguf, packing, many_rows_after=precision.quantized_rows)
     prefix = ""
     if precision.quantization == "int8":
         if not int8.applies(device, dtype):
@@ -70,32 +79,54 @@ def prepare_linears(
     return prefix + ("onednn" if packed else "torch")
 
 
-def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool) -> str:
-    """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said."""
+def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool, many_rows_after: int | None = None) -> str:
+    """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said. With
+    `many_rows_after` (quantization "gguf+bf16"), each layer also holds its tensor dequantized to
+    bf16 and packed for oneDNN, and a call of more rows than that runs on it."""
     kinds: set[str] = set()
     embed = model.get_input_embeddings()
-    for name, module in list(model.named_modules()):
-        if module is not embed and not isinstance(module, torch.nn.Linear):
-            continue  # norms and the like stay as loaded
+    dense = many_rows_after is not None
+    # by name: a list of the modules themselves would keep every replaced dense weight alive
+    for name in [n for n, m in model.named_modules() if m is embed or isinstance(m, torch.nn.Linear)]:
+        module = model.get_submodule(name)
         t = gguf.tensor(name)
         if t is None or t.kind not in QUANTIZED:
             continue
         owner, _, leaf = name.rpartition(".")
         parent = model.get_submodule(owner)
-        if module is embed and not tied(model):
-            setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
-            kinds.add("gguf-embedding")
-        elif isinstance(module, torch.nn.Linear):
-            bias = module.bias
-            if t.kind == "Q4_K" and t.cols % int4.GROUP == 0:
-                setattr(parent, leaf, int4.Int4Linear(*q4k_groups(t), bias))
-                kinds.add("int4")
-            else:
-                rows = lambda a, b, t=t: dequantized(t, torch.arange(a, b))  # noqa: E731
-                setattr(parent, leaf, int8_weights.Int8WeightLinear.from_rows(t.rows, t.cols, rows, bias))
-                kinds.add("int8")
+        if module is embed:
+            if not tied(model):
+                setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
+                kinds.add("gguf-embedding")
+            continue
+        bias = module.bias
+        if t.kind == "Q4_K" and t.cols % int4.GROUP == 0:
+            few = int4.Int4Linear(*q4k_groups(t), bias)
+            kinds.add("int4")
+        else:
+            rows = lambda a, b, t=t: dequantized(t, torch.arange(a, b))  # noqa: E731
+            few = int8_weights.Int8WeightLinear.from_rows(t.rows, t.cols, rows, bias)
+            kinds.add("int8")
+        if dense:
+            few = by_rows.ByRowsLinear(few, onednn.PackedLinear(_dense_bf16(t, bias)), many_rows_after)
+            kinds.add("bf16-by-rows")
+        setattr(parent, leaf, few)
+        del module
         heap.trim(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
     if onednn_ok and onednn.pack_linears(model, (torch.bfloat16,)):
         kinds.add("onednn")
-    order = ["int4", "int8", "onednn", "gguf-embedding"]
+    order = ["int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
     return "+".join(k for k in order if k in kinds) or "torch"
+
+
+def _dense_bf16(t, bias: torch.Tensor | None) -> torch.nn.Linear:
+    """The GGUF tensor dequantized into a bf16 `nn.Linear`, 1024 rows at a time (a vocabulary-sized
+    head never exists in float32 all at once): the same weights as its quantized kernel's."""
+    linear = torch.nn.Linear(t.cols, t.rows, bias=False, device="meta")
+    weight = torch.empty(t.rows, t.cols, dtype=torch.bfloat16)
+    for start in range(0, t.rows, 1024):
+        stop = min(start + 1024, t.rows)
+        weight[start:stop] = dequantized(t, torch.arange(start, stop))
+    linear.weight = torch.nn.Parameter(weight, requires_grad=False)
+    linear.bias = bias
+    return linear

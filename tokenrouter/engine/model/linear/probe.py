@@ -119,6 +119,82 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
     return out
 
 
+QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32)
+
+
+def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) -> dict:
+    """Milliseconds per call of the 4-bit GGUF kernel and of oneDNN's packed bf16 linear on one
+    shape, per rows in QUANTIZED_ROWS (medians of `repeats`, after a warm-up)."""
+    from .int4 import Int4Linear
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(*shape, generator=gen) * 0.02
+        kernels = {
+            "int4": Int4Linear.from_dense(w),
+            "bfloat16": torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16)),
+        }
+        out: dict = {name: {} for name in kernels}
+        for rows in QUANTIZED_ROWS:
+            x = torch.randn(rows, shape[1], generator=gen).to(torch.bfloat16)
+            for name, k in kernels.items():
+                call = (
+                    (lambda k=k: k(x))
+                    if name == "int4"
+                    else (lambda k=k: torch.ops.mkldnn._linear_pointwise(x, k, None, "none", [], ""))
+                )
+                call()
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    call()
+                    times.append(time.perf_counter() - t0)
+                out[name][rows] = 1e3 * statistics.median(times)
+    finally:
+        torch.set_num_threads(before)
+    return out
+
+
+def crossover(timings: dict) -> int:
+    """The most rows at which the 4-bit kernel is still at least as fast as bf16, checked from one
+    row up (0: bf16 wins from the first row)."""
+    best = 0
+    for rows in sorted(timings["int4"], key=int):
+        if timings["int4"][rows] > timings["bfloat16"][rows]:
+            break
+        best = int(rows)
+    return best
+
+
+def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None = None) -> tuple[int, dict]:
+    """(rows, timings): up to how many rows a step computes this machine's largest layer faster
+    from 4-bit weights than from bf16 ones (`by_rows.py`); cached as `precision_for` is."""
+    info = {
+        "version": PROBE_VERSION,
+        "kind": "quantized-rows",
+        **cpu_identity(),
+        "torch": torch.__version__,
+        "threads": threads,
+        "shape": list(shape),
+    }
+    path = probe_path(probe_key(info), home).with_name(f"rows-{probe_key(info)}.json")
+    try:
+        saved = json.loads(path.read_text())
+        if saved.get("info") == info:
+            return int(saved["rows"]), saved["timings"]
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    timings = measure_quantized(shape, threads)
+    rows = crossover(timings)
+    try:
+        write_text_atomic(path, json.dumps({"info": info, "timings": timings, "rows": rows}, indent=1))
+    except OSError as e:
+        log.warning("cannot cache the quantized-rows probe at %s: %s", path, e)
+    return rows, timings
+
+
 def probe_key(info: dict) -> str:
     return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
 
