@@ -80,6 +80,77 @@ def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_pat
     assert p.dtype == torch.bfloat16 and p.quantization == "gguf"
 
 
+ROWS_MEASURED = {  # probe.measure_quantized on the demo 1.5B's largest layer, 2 threads, this machine
+    "int4": {1: 0.77, 2: 0.97, 4: 1.37, 8: 2.71, 16: 5.44, 32: 10.64},
+    "bfloat16": {1: 1.28, 2: 1.14, 4: 1.07, 8: 1.54, 16: 2.36, 32: 4.46},
+}
+
+
+def test_the_quantized_kernels_take_the_rows_where_they_are_no_slower():
+    assert probe.crossover(ROWS_MEASURED) == 2
+    as_cached = {k: {str(r): v for r, v in t.items()} for k, t in ROWS_MEASURED.items()}  # JSON keys
+    assert probe.crossover(as_cached) == 2
+    never = {"int4": {1: 2.0, 2: 2.0}, "bfloat16": {1: 1.0, 2: 1.0}}
+    always = {"int4": {1: 1.0, 2: 1.0}, "bfloat16": {1: 2.0, 2: 2.0}}
+    assert probe.crossover(never) == 0 and probe.crossover(always) == 2
+    # a noisy small size does not extend the range past a size where bf16 won
+    assert probe.crossover({"int4": {1: 1.0, 2: 3.0, 4: 1.0}, "bfloat16": {1: 2.0, 2: 2.0, 4: 2.0}}) == 1
+
+
+def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
+    calls = []
+
+    def measure(shape, threads, repeats=7):
+        calls.append(shape)
+        return ROWS_MEASURED
+
+    monkeypatch.setattr(probe, "measure_quantized", measure)
+    assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2
+    assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2 and len(calls) == 1
+    assert list((tmp_path / "probes").glob("rows-*.json"))
+    timings = probe.measure_quantized((64, 64), threads=1, repeats=1)  # the real measurement runs
+    assert set(timings) == {"int4", "bfloat16"} and set(timings["int4"]) == set(probe.QUANTIZED_ROWS)
+
+
+def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkeypatch, tmp_path):
+    from transformers import AutoConfig
+
+    path = build_tiny_model(tmp_path / "m", "qwen2")
+    config = AutoConfig.from_pretrained(path)
+    spec = ModelSpec(path=path, quantization="gguf+bf16")
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (3, ROWS_MEASURED))
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(FAST), FAST, "x"))
+    p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+    assert (p.dtype, p.quantization, p.quantized_rows) == (
+        torch.bfloat16,
+        "gguf+bf16",
+        3,
+    ) and "up to 3 rows" in p.reason
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(SLOW), SLOW, "x"))
+    p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+    assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
+
+
+def test_a_by_rows_linear_runs_few_rows_on_one_kernel_and_more_on_the_other():
+    from tokenrouter.engine.model.linear.by_rows import ByRowsLinear
+
+    calls = []
+
+    class Kernel(torch.nn.Linear):
+        def forward(self, x):
+            calls.append((self.name, x.shape[:-1]))
+            return super().forward(x)
+
+    few, many = Kernel(8, 4), Kernel(8, 4)
+    few.name, many.name = "few", "many"
+    layer = ByRowsLinear(few, many, max_few_rows=2)
+    assert layer.weight is many.weight and (layer.in_features, layer.out_features) == (8, 4)
+    layer(torch.randn(1, 2, 8))
+    layer(torch.randn(3, 8))
+    layer(torch.randn(1, 1, 8))
+    assert calls == [("few", (1, 2)), ("many", (3,)), ("few", (1, 1))]
+
+
 def _prompt_logprobs_hf(path, prompt, dtype) -> torch.Tensor:
     from transformers import AutoModelForCausalLM
 
