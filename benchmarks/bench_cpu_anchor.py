@@ -220,7 +220,9 @@ def main(args) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precisions", nargs="+", default=["gguf", "bfloat16", "float32"], choices=list(PRECISION_OPTIONS))
+    p.add_argument(
+        "--precisions", nargs="+", default=["gguf+bf16", "gguf", "bfloat16", "float32"], choices=list(PRECISION_OPTIONS)
+    )
     p.add_argument("--all-systems-in", nargs="*", default=["gguf"], help="precisions that run every system")
     p.add_argument("--systems", nargs="+", help="only these engine systems (default: all)")
     p.add_argument("--llama-models", nargs="*", default=["large", "small"], help="llama.cpp runs (none: skip)")

@@ -8,6 +8,7 @@ start the default pair, so the peak should stay within 10% of what the engine ho
 
     python benchmarks/bench_load_memory.py --out benchmarks/results/load_memory/load_memory.json
     python benchmarks/bench_load_memory.py --onednn false      # torch's linear layers
+    python benchmarks/bench_load_memory.py --precision gguf gguf+bf16 bfloat16 float32 --out ...
 """
 
 from __future__ import annotations
@@ -32,8 +33,14 @@ def vm(key):
             return int(line.split()[1]) * 1024
     raise KeyError(key)
 
+from tokenrouter.api.setup import spec_in_precision
+
 onednn = {"auto": None, "true": True, "false": False}[sys.argv[1]]
-models = {m: ModelSpec(path=store.model_dir(store.DEFAULT_MODELS[m]), onednn_linear=onednn) for m in ("small", "large")}
+precision = sys.argv[2]
+models = {
+    m: spec_in_precision(store.model_dir(store.DEFAULT_MODELS[m]), precision, onednn_linear=onednn)
+    for m in ("small", "large")
+}
 torch.set_num_threads(1)
 
 async def main():
@@ -43,20 +50,25 @@ async def main():
         out = await e.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))
         served = {"peak": vm("VmHWM"), "rss": vm("VmRSS")}
         kv = {m: s.kv_cache_bytes for m, s in e.stats().items()}
+        loaded = {m: {"precision": l.precision, "linear_kernel": l.linear_kernel} for m, l in e.loaded.items()}
     print(json.dumps({"before_bytes": before, "ready": ready, "served": served, "kv_cache_bytes": kv,
-                      "tokens": len(out.token_ids)}))
+                      "tokens": len(out.token_ids), "loaded": loaded}))
 
 anyio.run(main)
 """
 
 
-def run(onednn: str, tree: Path | None) -> dict:
+def run(onednn: str, precision: str, tree: Path | None) -> dict:
     env = dict(os.environ, HF_HUB_OFFLINE="1")
     if tree is not None:
         env["PYTHONPATH"] = str(tree)
     t0 = time.perf_counter()
     proc = subprocess.run(
-        [sys.executable, "-c", CHILD, onednn], capture_output=True, text=True, env=env, cwd=tempfile.gettempdir()
+        [sys.executable, "-c", CHILD, onednn, precision],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tempfile.gettempdir(),
     )
     if proc.returncode != 0:
         raise RuntimeError(proc.stderr[-3000:])
@@ -68,24 +80,33 @@ def run(onednn: str, tree: Path | None) -> dict:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--onednn", nargs="+", choices=("auto", "true", "false"), default=["auto", "false"])
+    p.add_argument("--onednn", nargs="+", choices=("auto", "true", "false"), default=["auto"])
+    p.add_argument(
+        "--precision",
+        nargs="+",
+        choices=("auto", "float32", "bfloat16", "gguf", "gguf+bf16"),
+        default=["auto"],
+        help="what the models compute in, as the command line's --precision (default auto: gguf+bf16 for store models)",
+    )
     p.add_argument("--tree", type=Path, default=None, help="run a checkout's package instead of the installed one")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     rows = {}
-    for onednn in args.onednn:
-        rec = rows[f"onednn_linear={onednn}"] = run(onednn, args.tree)
-        gb = 1e9
-        print(
-            f"onednn_linear={onednn}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "
-            f"{rec['served']['rss'] / gb:.2f} GB (peak/steady {rec['peak_over_steady']:.3f}), {rec['seconds']} s",
-            file=sys.stderr,
-        )
+    for precision in args.precision:
+        for onednn in args.onednn:
+            name = f"precision={precision} onednn_linear={onednn}"
+            rec = rows[name] = run(onednn, precision, args.tree)
+            gb = 1e9
+            print(
+                f"{name}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "
+                f"{rec['served']['rss'] / gb:.2f} GB (peak/steady {rec['peak_over_steady']:.3f}), {rec['seconds']} s",
+                file=sys.stderr,
+            )
     meta = {
         "date": time.strftime("%Y-%m-%d %H:%M"),
-        "models": "the demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, "
-        "Q4_K_M GGUF dequantized, stored bf16, computed in float32)",
-        "tree": str(args.tree or "installed"),
+        "models": "the demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M GGUF); what each computes in: "
+        "runs[...].loaded",
+        "tree": "installed" if args.tree is None else "a checkout",
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"meta": meta, "runs": rows}, indent=1))

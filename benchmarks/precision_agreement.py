@@ -31,7 +31,12 @@ from tokenrouter.bench.machine import machine_info
 from tokenrouter.policies import RStitch, Single
 
 MODELS = {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}
-PRECISIONS = {"float32": {"dtype": "float32"}, "bfloat16": {"dtype": "bfloat16"}, "gguf": {"quantization": "gguf"}}
+PRECISIONS = {
+    "float32": {"dtype": "float32"},
+    "bfloat16": {"dtype": "bfloat16"},
+    "gguf": {"quantization": "gguf"},
+    "gguf+bf16": {"quantization": "gguf+bf16"},
+}
 SYSTEMS = {"small": lambda: Single("small"), "large": lambda: Single("large"), "rstitch": lambda: RStitch(tau=0.03)}
 
 
@@ -111,7 +116,7 @@ def main(args) -> None:
 
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--precisions", nargs="+", default=["bfloat16", "gguf"], choices=list(PRECISIONS))
+    p.add_argument("--precisions", nargs="+", default=["bfloat16", "gguf", "gguf+bf16"], choices=list(PRECISIONS))
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--questions", type=int, default=8)
     p.add_argument("--max-tokens", type=int, default=128)
