@@ -149,3 +149,73 @@ def test_gguf_mode_needs_a_gguf_and_cpu(tmp_path, tokenizer):
             anyio.run(main, dtype)
     with pytest.raises(ValidationError, match="quantization='gguf' runs on device 'cpu' with dtype auto or bfloat16"):
         ModelSpec(path=path, quantization="gguf", dtype="float32")
+
+
+def test_the_bf16_copy_is_the_layer_itself_only_where_it_holds_the_ggufs_weights():
+    """gguf+bf16's dense kernel: a store-converted checkpoint already holds the GGUF's weights
+    dequantized to bf16, and is taken as it is; any other weights (the maker's originals beside a
+    GGUF) are replaced by the GGUF's own, so that both kernels of a layer compute the same."""
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    from tokenrouter.engine.model.linear.kernels import dense_bf16
+
+    w = np.random.default_rng(3).normal(0, 0.2, (40, 512)).astype(np.float32)
+    t = GGUFTensor("blk.0.ffn_up", "Q4_K", 40, 512, quantize_q4k(w))
+    exact = torch.from_numpy(dequantize(t.data, GGMLQuantizationType.Q4_K).reshape(40, 512)).bfloat16()
+    converted = torch.nn.Linear(512, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        converted.weight.copy_(exact)
+    assert dense_bf16(t, converted) is converted
+    original = torch.nn.Linear(512, 40, dtype=torch.bfloat16)
+    with torch.no_grad():
+        original.weight.copy_(torch.from_numpy(w))
+        original.weight[39, 7] += 0.5  # one row the sample reaches differs
+    for other in (original, torch.nn.Linear(512, 40)):  # different values; float32
+        made = dense_bf16(t, other)
+        assert made is not other and torch.equal(made.weight, exact) and made.bias is other.bias
+
+
+@pytest.mark.parametrize("alignment", [None, 64])
+def test_the_header_index_agrees_with_ggufs_reader(tmp_path, alignment):
+    """Every kind of metadata value is stepped over (a vocabulary's string arrays among them), and
+    a custom alignment moves where the tensors start."""
+    from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
+
+    from tokenrouter.engine.model.gguf_index import tensor_places
+
+    path = tmp_path / "m.gguf"
+    writer = GGUFWriter(path, "qwen2")
+    if alignment:
+        writer.add_custom_alignment(alignment)
+    writer.add_token_list([f"tok{i}" for i in range(300)] + ["é", ""])
+    writer.add_array("test.ints", [1, 2, 3])
+    writer.add_array("test.nested", [["a", "bc"], [4.5]])
+    writer.add_bool("test.bool", True)
+    writer.add_float64("test.f64", 0.25)
+    writer.add_uint64("test.u64", 7)
+    writer.add_string("test.str", "x" * 1000)
+    rng = np.random.default_rng(0)
+    writer.add_tensor("output_norm.weight", rng.normal(size=33).astype(np.float32))
+    writer.add_tensor(
+        "token_embd.weight",
+        quantize_q4k(rng.normal(size=(3, 256)).astype(np.float32)),
+        raw_dtype=GGMLQuantizationType.Q4_K,
+    )
+    writer.add_tensor("blk.0.ffn_up.weight", rng.normal(size=(5, 16)).astype(np.float16))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    places = tensor_places(path)
+    reader = GGUFReader(path).tensors
+    assert len(places) == len(reader) == 3
+    for t in reader:
+        got = places[t.name]
+        assert (got.kind, got.shape) == (t.tensor_type.name, tuple(int(d) for d in t.shape))
+        assert (got.offset, got.n_bytes) == (int(t.data_offset), int(t.n_bytes))
+        if alignment:
+            assert got.offset % alignment == 0
+    (tmp_path / "not.gguf").write_bytes(b"{}" * 20)
+    with pytest.raises(ValueError, match="not a GGUF file"):
+        tensor_places(tmp_path / "not.gguf")

@@ -34,9 +34,9 @@ def _shapes_safetensors(directory: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _shapes_gguf(path: Path) -> dict[str, tuple[int, ...]]:
-    from gguf import GGUFReader
+    from ..engine.model.gguf_index import tensor_places
 
-    return {t.name: tuple(int(d) for d in t.shape) for t in GGUFReader(str(path)).tensors}
+    return {name: t.shape for name, t in tensor_places(Path(path)).items()}
 
 
 def parameter_counts(path: str | Path) -> dict[str, int]:

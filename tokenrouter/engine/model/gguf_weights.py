@@ -21,19 +21,11 @@ import numpy as np
 import torch
 
 from ...errors import ModelLoadError
-from . import heap
+from .gguf_index import tensor_places
 
 # transformers' model_type -> gguf's architecture name, where they differ
 _ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "llama"}
 _PERMUTED = {"llama", "mistral"}  # q/k rows in llama.cpp's rotary order
-
-
-@dataclass(frozen=True)
-class _Located:
-    kind: str
-    shape: tuple[int, ...]
-    offset: int  # in the file
-    n_bytes: int
 
 
 @dataclass
@@ -50,7 +42,7 @@ class GGUFWeights:
     """The quantized tensors of one GGUF file, looked up by the Hugging Face parameter they fill."""
 
     def __init__(self, path: Path, config):
-        from gguf import MODEL_ARCH_NAMES, GGUFReader, get_tensor_name_map
+        from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
 
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         model_type = text.model_type
@@ -61,13 +53,7 @@ class GGUFWeights:
             )
         arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == _ARCH[model_type])
         self.path = path
-        # keep what locates each tensor; the reader (its parsed metadata holds the whole
-        # vocabulary as small arrays, ~0.5 GB for a 150k one) goes now
-        self.tensors = {
-            t.name: _Located(t.tensor_type.name, tuple(int(d) for d in t.shape), int(t.data_offset), int(t.n_bytes))
-            for t in GGUFReader(path).tensors
-        }
-        heap.trim()
+        self.tensors = tensor_places(path)
         self.names = get_tensor_name_map(arch, text.num_hidden_layers)
         self.heads = text.num_attention_heads
         self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
