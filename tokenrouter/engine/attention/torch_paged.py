@@ -5,6 +5,12 @@ rows after a cached prefix (a verifier's catch-up over k drafts, a hand-off's fe
 batched the same way, their queries padded to the longest: one call per layer instead of one
 per row, which at 16 rows of 3 tokens made a 1.5B verify step cost 2.3 decode steps on CPU.
 Every other prefill/extend row is one causal SDPA call over its cached prefix plus its new tokens.
+
+With grouped-query attention, decode and short extend rows fold each KV head's query heads into
+its query rows (`grouped_sdpa`) rather than asking SDPA for `enable_gqa`: on CPU in bf16 that
+made a decode step's attention 8-14x cheaper (1.5B shapes: 19 against 157 us for one row of 160
+tokens, 0.32 against 4.4 ms for 16 rows of 256), the difference between a C = 16 step spending
+most of its time in attention and not. Long prefill rows keep `enable_gqa` (as fast there).
 """
 
 from __future__ import annotations
@@ -60,6 +66,21 @@ class ShortExtends:
         )
 
 
+def grouped_sdpa(q, k, v, mask: torch.Tensor, scale: float) -> torch.Tensor:
+    """SDPA of q [B, H, T, D] over k, v [B, KV, C, D], H a multiple of KV, with a bool mask
+    [B, 1, T, C]: query head h reads KV head h // (H / KV), as `enable_gqa` has it, computed as
+    KV heads of (H / KV) * T query rows each, so that each K/V is read once, in one kernel call."""
+    b, h, t, d = q.shape
+    kv, c = k.shape[1], k.shape[2]
+    if h == kv:
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
+    g = h // kv
+    if t > 1:  # one query row broadcasts its mask over the group; more need it per row
+        mask = mask[:, :, None].expand(b, 1, g, t, c).reshape(b, 1, g * t, c)
+    out = F.scaled_dot_product_attention(q.reshape(b, kv, g * t, d), k, v, attn_mask=mask, scale=scale)
+    return out.view(b, h, t, d)
+
+
 class TorchPagedAttention(AttentionBackend):
     def __init__(self, cache: KVCache):
         self.cache = cache
@@ -92,10 +113,7 @@ class TorchPagedAttention(AttentionBackend):
                 pos = torch.arange(max_ctx, device=q.device)
                 mask = mask & (meta.decode_positions[:, None] - pos[None, :] < sliding_window)
             qd = q[:nd].unsqueeze(2)  # [bsz, H, 1, D]
-            od = F.scaled_dot_product_attention(
-                qd, kd, vd, attn_mask=mask[:, None, None, :], scale=scaling, enable_gqa=gqa
-            )
-            out[:nd] = od.squeeze(2)
+            out[:nd] = grouped_sdpa(qd, kd, vd, mask[:, None, None, :], scaling).squeeze(2)
         short = self._short_extends(meta)
         if short is not None:
             rows, width = short.q_index.shape[0], short.slots.numel() // short.q_index.shape[0]
@@ -103,7 +121,7 @@ class TorchPagedAttention(AttentionBackend):
             kb = k_cache.index_select(0, short.slots).view(rows, width, *k.shape[1:]).transpose(1, 2)
             vb = v_cache.index_select(0, short.slots).view(rows, width, *v.shape[1:]).transpose(1, 2)
             mask = short.causal if sliding_window is None else short.causal & (short.distance < sliding_window)
-            ob = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=mask, scale=scaling, enable_gqa=gqa)
+            ob = grouped_sdpa(qb, kb, vb, mask, scaling)
             out[short.q_index[short.valid]] = ob.transpose(1, 2)[short.valid]
         for i, ((start, q_len, ctx_len), slots) in enumerate(zip(meta.prefill_rows, meta.prefill_slots)):
             if short is not None and i in short.rows:
