@@ -223,7 +223,12 @@ if __name__ == "__main__":
     p.add_argument(
         "--precisions", nargs="+", default=["gguf+bf16", "gguf", "bfloat16", "float32"], choices=list(PRECISION_OPTIONS)
     )
-    p.add_argument("--all-systems-in", nargs="*", default=["gguf"], help="precisions that run every system")
+    p.add_argument(
+        "--all-systems-in",
+        nargs="*",
+        default=["gguf+bf16"],
+        help="precisions that run every system (default: the default)",
+    )
     p.add_argument("--systems", nargs="+", help="only these engine systems (default: all)")
     p.add_argument("--llama-models", nargs="*", default=["large", "small"], help="llama.cpp runs (none: skip)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
