@@ -50,6 +50,7 @@ from tokenrouter.bench.engines import release_memory
 from tokenrouter.bench.machine import machine_info
 from tokenrouter.config import ModelSpec
 from tokenrouter.engine.model.loader import load_tokenizer
+from tokenrouter.eval.results import portable
 from tokenrouter.policies import BiLD, RStitch, Speculative
 
 THREADS = 2
@@ -174,7 +175,7 @@ def main(args) -> None:
     paths = {m: str(store.ensure_model(name)) for m, name in MODELS.items()}
     ggufs = {m: store.gguf_for(p) for m, p in paths.items()}
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
-    command = shlex.join([sys.executable, *sys.argv])
+    command = shlex.join(["python", *sys.argv])
     print(f"# {command}", flush=True)
     all_systems = ["large", "small", *POLICIES]
     records: list[dict] = []
@@ -200,19 +201,21 @@ def main(args) -> None:
         if args.json:
             Path(args.json).parent.mkdir(parents=True, exist_ok=True)
             Path(args.json).write_text(
-                json.dumps(
-                    {
-                        "command": command,
-                        "machine": machine_info(),
-                        "models": {m: {"store": MODELS[m], "gguf": ggufs[m].name} for m in MODELS},
-                        "policies": {k: repr(f()) for k, f in POLICIES.items()},
-                        "max_tokens": args.max_tokens,
-                        "rounds_done": r + 1,
-                        "llama_cpp": llama,
-                        "engine": records,
-                        "table": table,
-                    },
-                    indent=1,
+                portable(  # no place on this machine: the store as $TOKENROUTER_HOME, the checkout relative
+                    json.dumps(
+                        {
+                            "command": command,
+                            "machine": machine_info(),
+                            "models": {m: {"store": MODELS[m], "gguf": ggufs[m].name} for m in MODELS},
+                            "policies": {k: repr(f()) for k, f in POLICIES.items()},
+                            "max_tokens": args.max_tokens,
+                            "rounds_done": r + 1,
+                            "llama_cpp": llama,
+                            "engine": records,
+                            "table": table,
+                        },
+                        indent=1,
+                    )
                 )
                 + "\n"
             )
