@@ -34,8 +34,11 @@ class Int4Linear(torch.nn.Module):
             raise ValueError(f"in_features={self.in_features} is not a multiple of {GROUP}")
         pad = -self.out_features % PACK_ROWS  # the kernel packs rows 16 at a time: zero rows fill the last
         with torch.no_grad():
-            codes = torch.nn.functional.pad(codes.to(torch.int32), (0, 0, 0, pad), value=8)
-            scale, minus = (torch.nn.functional.pad(t.float(), (0, 0, 0, pad)) for t in (scale, minus))
+            codes = codes.to(torch.int32)
+            scale, minus = scale.float(), minus.float()
+            if pad:  # a copy of the whole matrix: only where the rows need it
+                codes = torch.nn.functional.pad(codes, (0, 0, 0, pad), value=8)
+                scale, minus = (torch.nn.functional.pad(t, (0, 0, 0, pad)) for t in (scale, minus))
             self.packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.contiguous(), 1)
             zero = 8 * scale - minus
             self.scales_and_zeros = torch.stack([scale.t(), zero.t()], -1).to(torch.bfloat16).contiguous()
