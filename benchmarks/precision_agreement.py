@@ -70,7 +70,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
 def main(args) -> None:
     questions = TASKS[: args.questions]
     record = {
-        "command": " ".join([sys.executable, *sys.argv]),
+        "command": " ".join(["python", *sys.argv]),
         "machine": machine_info(),
         "max_tokens": args.max_tokens,
     }
