@@ -36,12 +36,16 @@ def markdown(s: Summary) -> str:
         f"(timeout {run['sandbox']['timeout_s']:g} s)."
     )
     lines += ["", "Models:", ""]
-    dtypes = {}
+    dtypes, kernels = {}, {}
     for row in s.rows:
         for m, d in row.dtype.items():
             dtypes.setdefault(m, set()).add(d)
+        for m, k in row.linear_kernel.items():
+            kernels.setdefault(m, set()).add(k)
     for m, info in run["models"].items():
         computed = f", computed in {'/'.join(sorted(dtypes[m]))}" if m in dtypes else ""
+        if kernels.get(m):  # which linear kernels: a GGUF's own 4-bit weights, or dense ones
+            computed += f" (linear layers: {'/'.join(sorted(kernels[m]))})"
         lines.append(
             f"- `{m}`: {info['description']}{computed}; {_count(info['parameters'])} parameters, "
             f"{_count(info['flops_per_token'])}FLOPs per token (2 x the parameters but the input embedding)"

@@ -65,6 +65,7 @@ class Row:
     speed_runs: list[dict] = field(default_factory=list)  # every speed record, in file order
     policy: str = ""
     dtype: dict[str, str] = field(default_factory=dict)
+    linear_kernel: dict[str, str] = field(default_factory=dict)  # per model, as LoadedModel states it
 
     @property
     def pass_at_1(self) -> float | None:
@@ -126,6 +127,7 @@ def summarize(records: list[dict]) -> Summary:
             row = rows.setdefault(r["system"], Row(r["system"]))
         if t == "system":
             row.policy, row.dtype = r["policy"], r.get("dtype", {})
+            row.linear_kernel = r.get("linear_kernel", {})
             if r["kind"] in ("small", "large", "single"):
                 singles[r["system"]] = r["models"][0]
         elif t == "problem":
