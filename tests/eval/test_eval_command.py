@@ -54,6 +54,9 @@ def test_quick_runs_the_whole_pipeline(tmp_path, data, capsys):
     assert sum(r["handoffs"] for r in routed) > 0  # the tiny pair routes both ways at 0.2
     md = (out / "results.md").read_text()
     assert "| rstitch:0.2 |" in md and "| large | 0.000 | 0/3 | 24 | 0%/100% |" in md
+    systems = [r for r in records if r["type"] == "system" and r["system"] == "large"]
+    kernel = systems[0]["linear_kernel"]["large"]  # as the engine loaded it, named in the report
+    assert kernel and f"computed in float32 (linear layers: {kernel})" in md
     assert (out / "pareto.png").stat().st_size > 0
     assert "| system | pass@1 |" in capsys.readouterr().out
     # The report is made from results.jsonl alone.

@@ -45,10 +45,14 @@ class _Cursor:
     def __init__(self, buf) -> None:
         self.buf, self.pos = buf, 0
 
-    def take(self, fmt: str):
-        values = struct.unpack_from(fmt, self.buf, self.pos)
+    def values(self, fmt: str) -> tuple:
+        out = struct.unpack_from(fmt, self.buf, self.pos)
         self.pos += struct.calcsize(fmt)
-        return values[0] if len(values) == 1 else values
+        return out
+
+    def take(self, fmt: str):
+        out = self.values(fmt)
+        return out[0] if len(out) == 1 else out
 
     def string(self) -> str:
         n = self.take("<Q")
@@ -94,7 +98,7 @@ def tensor_places(path: Path) -> dict[str, TensorPlace]:
         for _ in range(n_tensors):
             name = c.string()
             dims = c.take("<I")
-            shape = tuple(c.take(f"<{dims}Q")) if dims > 1 else (c.take("<Q"),)
+            shape = c.values(f"<{dims}Q")
             kind, offset = c.take("<IQ")
             infos.append((name, GGMLQuantizationType(kind), shape, offset))
         start = -(-c.pos // alignment) * alignment
