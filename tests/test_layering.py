@@ -15,8 +15,10 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # Names of other modules that code here may use although they start with "_": torch's CPU kernels
-# for packed and low-bit linear layers have no public name (engine/model/linear/).
+# for packed and low-bit linear layers have no public name (engine/model/linear/), nor has the
+# constructor of a wrapper tensor subclass (testing/accelerator.py).
 ALLOWED_PRIVATE = {
+    ("torch.Tensor", "_make_wrapper_subclass"),
     ("torch.ops.mkldnn", "_reorder_linear_weight"),
     ("torch.ops.mkldnn", "_linear_pointwise"),
     ("torch.ops.aten", "_weight_int4pack_mm_for_cpu"),

@@ -31,8 +31,10 @@ STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING, VERIFY})
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """H = -sum(p log p) / log V of softmax(logits), per row; in [0, 1]."""
-    logp = torch.log_softmax(logits, dim=-1)
+    """H = -sum(p log p) / log V of softmax(logits), per row; in [0, 1]. Computed in float32 or
+    wider, whatever the logits' dtype: in bf16 a routing decision near a threshold would differ
+    from the CPU's."""
+    logp = torch.log_softmax(logits.to(torch.promote_types(logits.dtype, torch.float32)), dim=-1)
     # a token masked out (-inf, structured output) adds nothing, as 0 log 0 = 0
     h = -torch.where(torch.isneginf(logp), 0.0, logp.exp() * logp).sum(dim=-1)
     return h / math.log(logits.shape[-1])

@@ -52,18 +52,23 @@ class BiLD(Policy):
     def route(self, result: StepResult) -> Route:
         n = len(result)
         if result.model == self.small:
-            confident = torch.softmax(result.logits.float(), dim=-1).amax(dim=-1) >= self.fallback
+            # one read: the engine takes the answer to the host
+            confident = (torch.softmax(result.logits.float(), dim=-1).amax(dim=-1) >= self.fallback).cpu()
             return Route(keep=confident, next_model=(~confident).long())
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.zeros(n, dtype=torch.long))
 
     def verify(self, result: VerifyResult) -> Verdict:
+        """Computed where the logits are, without a host sync (drafts given on the host are
+        copied there; on the CPU that is no copy at all)."""
         k = result.drafts.shape[1]
+        device = result.logits.device
         logp = torch.log_softmax(result.logits[:, :k].float(), dim=-1)
-        drafts = result.drafts.clamp(min=0)
+        drafts = result.drafts.to(device, non_blocking=True).clamp(min=0)
+        num_drafts = result.num_drafts.to(device, non_blocking=True)
         distance = -logp.gather(-1, drafts[..., None]).squeeze(-1)  # [B, K]
-        valid = torch.arange(k)[None, :] < result.num_drafts[:, None]
+        valid = torch.arange(k, device=device)[None, :] < num_drafts[:, None]
         far = (distance > self.rollback) & valid
-        first_far = torch.where(far.any(dim=1), far.long().argmax(dim=1), result.num_drafts)
+        first_far = torch.where(far.any(dim=1), far.long().argmax(dim=1), num_drafts)
         return Verdict(accept=first_far)
 
     def __repr__(self) -> str:

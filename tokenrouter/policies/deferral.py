@@ -41,6 +41,13 @@ class OneTokenDeferral(Policy):
             raise ConfigError(f"{name}: small and large must be different models")
         self.threshold = float(threshold)
         self.small, self.large = small, large
+        self.device = next(self.router.parameters()).device  # where the network is now
+
+    def follow(self, device: torch.device) -> None:
+        """Move the network to the device the step's hidden states are on (once: it stays)."""
+        if device != self.device:
+            self.router.to(device)
+            self.device = device
 
     @property
     def models(self) -> list[str]:
@@ -53,6 +60,7 @@ class OneTokenDeferral(Policy):
         """The router's output for each row of a small-model step."""
         cfg = self.router.config
         features = router_features(cfg.kind, result.hidden, result.token_embedding, result.logits, cfg.top_k)
+        self.follow(features.device)
         return self.router.probability(features)
 
     @staticmethod

@@ -29,7 +29,7 @@ class RStitch(Policy):
         return [self.small, self.large]
 
     def route(self, result: StepResult) -> Route:
-        confident = result.entropy <= self.tau
+        confident = (result.entropy <= self.tau).cpu()  # one read: the engine takes the answer to the host
         next_model = (~confident).long()  # 0 = small, 1 = large
         if result.model == self.small:
             return Route(keep=confident, next_model=next_model)

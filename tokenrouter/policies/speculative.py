@@ -133,45 +133,61 @@ class Speculative(Policy):
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.full((n,), 0 if k else 1, dtype=torch.long))
 
     def verify(self, result: VerifyResult) -> Verdict:
+        """Greedy rows compare on the drafts' device (on the host as the engine gives them: one
+        read of the target's argmax); sampled rows decide on the logits' device, each with one
+        read of its answer."""
         k = result.drafts.shape[1]
-        valid = torch.arange(k)[None, :] < result.num_drafts[:, None]
-        agree = (result.logits[:, :k].argmax(dim=-1).cpu() == result.drafts) | ~valid  # greedy: the target's argmax
-        accept = torch.where(agree.all(dim=1), result.num_drafts, (~agree).long().argmax(dim=1))
-        tokens = torch.full((len(result),), -1, dtype=torch.long)
-        for i, (p, state) in enumerate(zip(result.params, result.states)):
-            n = int(result.num_drafts[i])
-            q = state.pop("q", [])
-            if p.temperature > 0:  # one request at a time: each has its own seed stream
-                drafts, logits = result.drafts[i, :n], result.logits[i, : n + 1]
-                accept[i], tokens[i] = self._sample_accept(result, i, drafts, logits, q[-n:])
+        here = result.drafts.device
+        sampled = [p.temperature > 0 for p in result.params]
+        qs = [state.pop("q", []) for state in result.states]
+        accept = None
+        if not all(sampled):  # greedy: accepted while the target's argmax agrees
+            num_drafts = result.num_drafts.to(here)
+            valid = torch.arange(k, device=here)[None, :] < num_drafts[:, None]
+            target = result.logits[:, :k].argmax(dim=-1).to(here)
+            agree = (target == result.drafts) | ~valid
+            accept = torch.where(agree.all(dim=1), num_drafts, (~agree).long().argmax(dim=1))
+            if not any(sampled) and self.auto is None:
+                return Verdict(accept=accept, tokens=torch.full((len(result),), -1, dtype=torch.long, device=here))
+        counts, given = result.num_drafts.tolist(), [-1] * len(result)
+        accepted = accept.tolist() if accept is not None else [0] * len(result)
+        drafts = result.drafts.to(result.logits.device, non_blocking=True) if any(sampled) else None
+        for i, n in enumerate(counts):
+            if sampled[i]:  # one request at a time: each has its own seed stream
+                logits = result.logits[i, : n + 1]
+                accepted[i], given[i] = self._sample_accept(result, i, drafts[i, :n], logits, qs[i][-n:])
             if self.auto is not None:  # drafts after the first rejection were never judged
-                self.auto.observe(int(accept[i]), min(n, int(accept[i]) + 1))
-        return Verdict(accept=accept, tokens=tokens)
+                self.auto.observe(accepted[i], min(n, accepted[i] + 1))
+        return Verdict(accept=torch.tensor(accepted), tokens=torch.tensor(given))
 
     def _sample_accept(self, result: VerifyResult, i: int, drafts, logits, q: list[torch.Tensor]) -> tuple[int, int]:
         """Speculative sampling for one request: (drafts accepted, the token at the first rejection
-        or -1 when all are accepted and the engine draws the next one from p)."""
+        or -1 when all are accepted and the engine draws the next one from p). Decided on the
+        logits' device; one read brings both numbers to the host."""
         n = len(drafts)
+        device = logits.device
         params, seed = result.params[i], result.seeds[i]
         first = int(result.num_generated[i])
         steps = list(range(first, first + n + 1))
-        st = SamplingTensors.build([params] * (n + 1), [seed] * (n + 1), steps, logits.device)
+        st = SamplingTensors.build([params] * (n + 1), [seed] * (n + 1), steps, device)
         p = self._sampler.probs(logits, st)
         p = p / p.sum(dim=-1, keepdim=True)
-        seeds = torch.full((n,), seed, dtype=torch.long) ^ _ACCEPT_SALT
-        u = uniform_from(seeds, torch.tensor(steps[:n]))
-        for j in range(n):
-            x = int(drafts[j])
-            qj = q[j] / q[j].sum()
-            if u[j] * float(qj[x]) < float(p[j, x]):  # accepted with probability min(1, p/q)
-                continue
-            residual = torch.clamp(p[j] - qj.to(p.dtype), min=0)
-            if float(residual.sum()) <= 0:  # p = q here: any draw of p will do
-                residual = p[j]
-            cdf = (residual / residual.sum()).double().cumsum(0)
-            r = uniform_from(torch.tensor([seed ^ _RESIDUAL_SALT]), torch.tensor([steps[j]]))
-            return j, int(torch.searchsorted(cdf, r * cdf[-1], right=True).clamp_(max=len(cdf) - 1))
-        return n, -1
+        q = torch.stack([(qj / qj.sum()).to(device) for qj in q])
+        x = drafts[:, None]
+        u = uniform_from(st.seeds[:n] ^ _ACCEPT_SALT, st.steps[:n])
+        # draft j is accepted with probability min(1, p/q), compared in float64 as p(x) and q(x) are
+        accepted = u * q.gather(1, x).squeeze(1).double() < p[:n].gather(1, x).squeeze(1).double()
+        rejected = ~accepted
+        j = torch.where(rejected.any(), rejected.long().argmax(), n)  # the first rejection, or n
+        at = j.clamp(max=n - 1)[None]  # where to redraw (ignored when every draft is accepted); a
+        # 1-d index: a 0-d one would be read to the host as a Python int
+        residual = torch.clamp(p[at] - q[at].to(p.dtype), min=0)  # [1, V]
+        residual = torch.where(residual.sum() <= 0, p[at], residual)  # p = q here: any draw of p will do
+        cdf = (residual / residual.sum()).double().cumsum(-1)
+        r = uniform_from(st.seeds[at] ^ _RESIDUAL_SALT, st.steps[at])
+        token = torch.searchsorted(cdf, (r * cdf[:, -1])[:, None], right=True).clamp_(max=cdf.shape[-1] - 1)[0, 0]
+        accepted_count, drawn = torch.stack([j, torch.where(j < n, token, -1)]).tolist()
+        return accepted_count, drawn
 
     def __repr__(self) -> str:
         return f"Speculative(k={self.k!r}, draft={self.draft!r}, target={self.target!r})"

@@ -47,17 +47,21 @@ class SamplingTensors:
 
     @classmethod
     def build(cls, params: list, seeds: list[int], steps: list[int], device) -> SamplingTensors:
+        """Two copies to the device, one of the float fields and one of the integer ones (each
+        copy from the host waits for the device's queued work)."""
         temps = [p.temperature for p in params]
         top_k = [p.top_k for p in params]
         top_p = [p.top_p for p in params]
         min_p = [p.min_p for p in params]
+        floats = torch.tensor([temps, top_p, min_p], dtype=torch.float32, device=device)
+        ints = torch.tensor([top_k, seeds, steps], dtype=torch.long, device=device)
         return cls(
-            temperature=torch.tensor(temps, dtype=torch.float32, device=device),
-            top_k=torch.tensor(top_k, dtype=torch.long, device=device),
-            top_p=torch.tensor(top_p, dtype=torch.float32, device=device),
-            min_p=torch.tensor(min_p, dtype=torch.float32, device=device),
-            seeds=torch.tensor(seeds, dtype=torch.long, device=device),
-            steps=torch.tensor(steps, dtype=torch.long, device=device),
+            temperature=floats[0],
+            top_k=ints[0],
+            top_p=floats[1],
+            min_p=floats[2],
+            seeds=ints[1],
+            steps=ints[2],
             all_greedy=all(t == 0.0 for t in temps),
             any_top_k=any(k > 0 for k in top_k),
             any_top_p=any(p < 1.0 for p in top_p),

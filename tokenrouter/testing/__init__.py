@@ -5,6 +5,10 @@
   your own policy) against.
 - `gguf`: a GGUF file of a tiny model's weights, quantized as llama.cpp does (Q4_K, Q8_0), for the
   engine's GGUF mode.
+- `accelerator`: `StandInAccelerator`, a device that holds CPU data but raises on host/device
+  mixes and counts host syncs, as CUDA would: device placement checked on a CPU-only torch.
+- `flashinfer_fake`: `FakeFlashInfer`, flashinfer 0.7.4's contract (signatures, the checks its
+  wrappers make, the attention they compute) in plain torch, for the GPU path's logic on CPU.
 """
 
 from .gguf import quantize_q4k, write_gguf
