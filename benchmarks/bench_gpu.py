@@ -21,7 +21,8 @@ repeat; the single-model step against HF `generate` only; the routed step agains
 serving with prefix caching, plus the large model alone (bench_routing.py's system `large`), each system's
 engine loaded once (--reuse-engines). --steps runs some steps only, --step-timeout caps each, --prepare
 only writes the random-weight pair (the kit does that while flashinfer's kernels compile), --tiny makes
-that pair tiny (a CPU smoke of the same commands).
+that pair tiny (a CPU smoke of the same commands). --prefill-backend fa2 keeps every engine's prefill on
+flashinfer's FA2 kernels (ModelSpec.prefill_backend; the kit passes it when FA3 did not build).
 
 Every table goes to stdout and, with the commands, to --out (default bench_out/gpu/).
 """
@@ -151,6 +152,12 @@ def main() -> int:
     p.add_argument("--prepare", action="store_true", help="only write the random-weight pair, then exit")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    p.add_argument(
+        "--prefill-backend",
+        choices=["auto", "fa2", "fa3"],
+        default="auto",
+        help="flashinfer's prefill kernels in every engine (ModelSpec.prefill_backend): fa2 where FA3 did not build",
+    )
     p.add_argument("--tau", type=float, default=0.03)
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128; --quick 64)")
     p.add_argument("--repeats", type=int, default=None, help="measured runs per level (default 2; --quick 1)")
@@ -199,6 +206,8 @@ def main() -> int:
         str(args.max_tokens),
         "--repeats",
         str(args.repeats),
+        "--prefill-backend",
+        args.prefill_backend,
     ]
     routing = [
         py,

@@ -124,6 +124,10 @@ def main(args) -> None:
         dtype=args.dtype,
         cuda_graph_max_batch=args.cuda_graph_max_batch,
         reuse_engines=args.reuse_engines,
+        # flashinfer's prefill kernels (ModelSpec.prefill_backend): "fa2" where FA3 did not build
+        model_options={m: {"prefill_backend": args.prefill_backend} for m in paths}
+        if args.prefill_backend != "auto"
+        else {},
     )
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
@@ -175,6 +179,12 @@ if __name__ == "__main__":
         type=int,
         default=None,
         help="on CUDA: decode steps up to this size replay CUDA graphs (0: off; default: ModelSpec's)",
+    )
+    p.add_argument(
+        "--prefill-backend",
+        choices=["auto", "fa2", "fa3"],
+        default="auto",
+        help="on CUDA with flashinfer: its prefill kernels (ModelSpec.prefill_backend)",
     )
     a = p.parse_args()
     if a.quick:

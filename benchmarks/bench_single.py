@@ -272,6 +272,7 @@ def engine_spec(args, model_path: Path):
         kv_cache_tokens=args.kv_cache_tokens,
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=max(args.max_num_seqs, max(args.concurrency)),
+        prefill_backend=args.prefill_backend,
     )
 
 
@@ -404,6 +405,12 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         choices=["float32", "bfloat16", "float16"],
         help="every system's compute dtype (default: float32 on CPU, bfloat16 on CUDA)",
+    )
+    p.add_argument(
+        "--prefill-backend",
+        choices=["auto", "fa2", "fa3"],
+        default="auto",
+        help="on CUDA with flashinfer: its prefill kernels (ModelSpec.prefill_backend)",
     )
     args = p.parse_args(argv)
     if args.dtype is None:

@@ -221,8 +221,8 @@ def test_requests_that_ask_nothing_keep_only_the_logits_they_sample(tiny_model):
             runner = e.workers["m"].core.runner
             prepare, run_model = runner.prepare, runner.run_model
 
-            def spy_prepare(batch):
-                prepared = prepare(batch)
+            def spy_prepare(batch, extra_rows=None):
+                prepared = prepare(batch, extra_rows)
                 steps.append([len(prepared.sample_rows)])  # rows sampled from
                 return prepared
 

@@ -113,7 +113,8 @@ class ModelSpec(BaseModel):
     dtype: DType = Field(
         "auto",
         description="'auto': on CPU the faster of float32 and bfloat16 for this model on this machine, measured "
-        "once and cached (engine/model/linear/probe.py); on GPU the checkpoint's dtype (bfloat16 for a float32 one).",
+        "once and cached (engine/model/linear/probe.py); on GPU the checkpoint's dtype, a float32 or float64 one in "
+        "bfloat16 (float16 on a GPU without it).",
     )
     device: str = Field("cpu", description="A torch device: 'cpu', 'cuda', 'cuda:1', ...")
     tokenizer: Path | None = Field(None, description="Tokenizer directory if not beside the weights.")
@@ -156,7 +157,14 @@ class ModelSpec(BaseModel):
     attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
         "auto",
         description="'auto': flashinfer's paged kernels on CUDA in float16/bfloat16 when the `gpu` extra is "
-        "installed, else torch's. 'flashinfer' requires it; 'torch' runs anywhere.",
+        "installed, imports, and passes its load-time self-test, else torch's (`stats().attention_fallback` "
+        "says why). 'flashinfer' requires it (a failure fails the load); 'torch' runs anywhere.",
+    )
+    prefill_backend: Literal["auto", "fa2", "fa3"] = Field(
+        "auto",
+        description="With flashinfer, the prefill kernels' generation, as flashinfer's `backend=`: 'auto' "
+        "(flashinfer 0.7.4: FA3 on Hopper for steps whose longest prefill row is over 64 tokens, FA2 "
+        "otherwise), 'fa2' or 'fa3'. 'fa2' where FA3 does not build.",
     )
     cuda_graph_max_batch: int = Field(
         32,

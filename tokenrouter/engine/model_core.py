@@ -20,8 +20,7 @@ from ..config import ModelSpec, SamplingParams
 from ..errors import ConfigError
 from ..policies.base import HIDDEN, PeerMessage, Policy
 from ..structured.matcher import MAX_ROLLBACK
-from .attention.choice import choose_attention_backend
-from .attention.torch_paged import TorchPagedAttention
+from .attention.choice import attention_choice, make_attention_backend
 from .handoff import Routing
 from .kv.block_manager import BlockManager
 from .kv.cache import KVCache, KVLayout
@@ -50,6 +49,7 @@ class Runtime:
     scheduler: Scheduler
     runner: ModelRunner
     attention_backend: str  # "torch" or "flashinfer"
+    attention_fallback: str | None = None  # why "auto" runs torch's backend on CUDA (engine/attention/choice.py)
 
 
 def build_runtime(
@@ -67,23 +67,19 @@ def build_runtime(
             f"model {name!r}: the KV budget is smaller than one block of {spec.block_size} tokens "
             f"({spec.block_size * layout.bytes_per_token} bytes)"
         )
-    attention = choose_attention_backend(spec, loaded.device, loaded.dtype, layout.head_dim)
-    graph_batch = min(spec.cuda_graph_max_batch, spec.max_num_seqs) if attention == "flashinfer" else 0
-    # CUDA graphs pad decode steps with rows that write one extra block, no request's
-    cache = KVCache(layout, num_blocks + (1 if graph_batch else 0), spec.block_size, loaded.device)
+    choice = attention_choice(spec, loaded.device, loaded.dtype, layout.head_dim)
+    # flashinfer's self-test, and CUDA graphs' padded rows, write one extra block, no request's
+    scratch = 1 if choice.name == "flashinfer" else 0
+    cache = KVCache(layout, num_blocks + scratch, spec.block_size, loaded.device)
     blocks = BlockManager(num_blocks, spec.block_size, spec.enable_prefix_caching)
-    if attention == "flashinfer":
-        from .attention.flashinfer_paged import FlashInferPagedAttention
-
-        heads = loaded.model.config.get_text_config().num_attention_heads
-        backend = FlashInferPagedAttention(cache, heads, loaded.device)
-    else:
-        backend = TorchPagedAttention(cache)
+    heads = loaded.model.config.get_text_config().num_attention_heads
+    backend, choice = make_attention_backend(spec, choice, cache, heads, loaded.device, scratch_block=num_blocks)
     runner = ModelRunner(loaded, backend, spec.block_size, capture_hidden, compute, threads)
+    graph_batch = min(spec.cuda_graph_max_batch, spec.max_num_seqs) if choice.name == "flashinfer" else 0
     if graph_batch:
         runner.capture_graphs(graph_batch, scratch_block=num_blocks)
     scheduler = Scheduler(blocks, spec.max_num_seqs, spec.max_num_batched_tokens)
-    return Runtime(cache, blocks, scheduler, runner, attention)
+    return Runtime(cache, blocks, scheduler, runner, choice.name, choice.fallback)
 
 
 class ModelCore:
@@ -115,6 +111,7 @@ class ModelCore:
         self.blocks: BlockManager | None = None
         self.scheduler: Scheduler | None = None
         self.attention_backend = ""  # "torch" or "flashinfer", chosen at load
+        self.attention_fallback: str | None = None  # why "auto" runs torch's backend on CUDA, if it does
         self.torch_threads: int | None = None  # torch threads its forwards run on
 
     # ---- set-up ----------------------------------------------------------------------------
@@ -126,6 +123,7 @@ class ModelCore:
         rt = build_runtime(self.name, self.spec, loaded, capture, compute, forward_threads)
         self.cache, self.blocks, self.scheduler, self.runner = rt.cache, rt.blocks, rt.scheduler, rt.runner
         self.attention_backend = rt.attention_backend
+        self.attention_fallback = rt.attention_fallback
         self.torch_threads = forward_threads
         self.loaded = loaded
         return loaded
@@ -333,6 +331,8 @@ class ModelCore:
             time_step_s=c.time_step,
             attention_backend=self.attention_backend,
             cuda_graph_batch_sizes=self.cuda_graph_sizes,
+            attention_fallback=self.attention_fallback,
+            cuda_graph_error=self.runner.graph_error,
             torch_threads=self.torch_threads,
             steps_by_threads=dict(c.steps_by_threads),
         )

@@ -1,20 +1,87 @@
-"""Which attention backend serves a model: flashinfer's kernels on CUDA when they can, torch's otherwise."""
+"""Which attention backend serves a model: flashinfer's kernels on CUDA when they can, torch's otherwise.
+
+With `attention_backend="auto"` flashinfer must earn its place at load: it must import (any
+error counts, not only a missing package), support the device, dtype and head size, and pass
+its self-test (`FlashInferPagedAttention.self_test`: its kernels built, run and checked on the
+scratch block). Where any of that fails on a CUDA device, the model runs torch's backend, the
+log says why, and so does `stats().attention_fallback`. Asked for by name, flashinfer's failure
+fails the load, naming the reason.
+"""
 
 from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
 
 import torch
 
 from ...config import ModelSpec
 from ...errors import ModelLoadError
+from ..kv.cache import KVCache
+from .backend import AttentionBackend
 from .flashinfer_paged import unsupported_reason
+from .torch_paged import TorchPagedAttention
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class AttentionChoice:
+    name: str  # "torch" or "flashinfer"
+    # why attention_backend="auto" runs torch's backend on a CUDA device (None where flashinfer
+    # serves, on CPU, or with "torch" asked for): flashinfer's import, support or self-test failed
+    fallback: str | None = None
 
 
 def choose_attention_backend(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
     """ "flashinfer" or "torch". With attention_backend="auto" flashinfer wherever it runs (CUDA,
-    float16/bfloat16, the `gpu` extra installed); asked for by name, it must run or loading fails."""
+    float16/bfloat16, the `gpu` extra installed and importable); asked for by name, it must run or
+    loading fails."""
+    return attention_choice(spec, device, dtype, head_dim).name
+
+
+def attention_choice(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> AttentionChoice:
+    """The backend before its self-test, and why "auto" did not take flashinfer on a CUDA device."""
     if spec.attention_backend == "torch":
-        return "torch"
+        return AttentionChoice("torch")
     reason = unsupported_reason(device, dtype, head_dim)
-    if spec.attention_backend == "flashinfer" and reason is not None:
+    if reason is None:
+        return AttentionChoice("flashinfer")
+    if spec.attention_backend == "flashinfer":
         raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}")
-    return "torch" if reason is not None else "flashinfer"
+    if device.type != "cuda":
+        return AttentionChoice("torch")
+    log.warning("%s: attention_backend='auto' runs torch's attention on %s: %s", spec.path, device, reason)
+    return AttentionChoice("torch", fallback=reason)
+
+
+def make_attention_backend(
+    spec: ModelSpec,
+    choice: AttentionChoice,
+    cache: KVCache,
+    num_qo_heads: int,
+    device: torch.device,
+    scratch_block: int,
+) -> tuple[AttentionBackend, AttentionChoice]:
+    """The chosen backend, ready: flashinfer only once its self-test on `scratch_block` passed
+    (else, with "auto", torch's backend and the reason)."""
+    if choice.name != "flashinfer":
+        return TorchPagedAttention(cache), choice
+    from .flashinfer_paged import FlashInferPagedAttention
+
+    try:
+        backend = FlashInferPagedAttention(cache, num_qo_heads, device, spec.prefill_backend)
+        backend.self_test(scratch_block)
+    except Exception as e:
+        reason = f"flashinfer's load-time self-test failed: {type(e).__name__}: {e}"
+        if spec.attention_backend == "flashinfer":
+            raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}") from e
+        log.warning(
+            "%s: attention_backend='auto' falls back to torch's attention on %s: %s",
+            spec.path,
+            device,
+            reason,
+            exc_info=True,
+        )
+        return TorchPagedAttention(cache), AttentionChoice("torch", fallback=reason)
+    return backend, choice

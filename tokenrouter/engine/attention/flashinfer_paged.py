@@ -9,10 +9,21 @@ has seen; most models have one.
 For CUDA graphs (engine/model/cuda_graph.py) the backend also keeps, per captured batch size, decode
 wrappers over fixed index buffers: `plan` copies the step's pages into them before a replay, and
 the captured append and attention kernels read them there.
+
+Each wrapper's `plan()` writes its schedule into a pinned host buffer of its own and queues an
+asynchronous copy of it to the device; the next `plan()` of that wrapper rewrites the buffer. So
+every plan records an event on the stream after it (`PlanFences`), and the next plan of the same
+wrapper waits for that event first: the copy has then read the buffer. Nothing else orders them
+(the step's index tensors reach the device in one non-blocking copy, engine/model/runner.py).
+
+`self_test` runs the kernels once at load, on the scratch block, so that a kernel that cannot
+build or run fails there, where `attention_backend="auto"` can still fall back to torch's backend
+(engine/attention/choice.py), not inside a request.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,13 +39,32 @@ SUPPORTED_HEAD_DIMS = (64, 128, 256)
 PlanKey = tuple[int, float]  # (window_left, sm_scale)
 
 
-def import_flashinfer():
-    """flashinfer, or None when the `gpu` extra is not installed (it imports fine without a GPU)."""
+NOT_INSTALLED = "flashinfer is not installed (pip install 'tokenrouter[gpu]')"
+PREFILL_BACKENDS = ("auto", "fa2", "fa3")  # flashinfer's prefill `backend=` values we pass (ModelSpec.prefill_backend)
+SELF_TEST_PREFILL_TOKENS = (8, 72)  # 0.7.4's "auto" runs FA2 up to 64 query tokens, FA3 (on Hopper) above
+
+
+def _import() -> tuple[object | None, str | None]:
     try:
         import flashinfer
-    except ImportError:
-        return None
-    return flashinfer
+    except ImportError as e:
+        if e.name == "flashinfer":
+            return None, NOT_INSTALLED
+        return None, f"flashinfer failed to import: {type(e).__name__}: {e}"
+    except Exception as e:  # a shared library that will not load, version skew, ...: no flashinfer here
+        return None, f"flashinfer failed to import: {type(e).__name__}: {e}"
+    return flashinfer, None
+
+
+def import_flashinfer():
+    """flashinfer, or None when it is not installed or fails to import, for whatever reason (it
+    imports fine without a GPU); `import_problem()` says why."""
+    return _import()[0]
+
+
+def import_problem() -> str | None:
+    """Why flashinfer does not import here (e.g. "flashinfer failed to import: OSError: ..."), or None."""
+    return _import()[1]
 
 
 def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) -> str | None:
@@ -48,8 +78,52 @@ def unsupported_reason(device: torch.device, dtype: torch.dtype, head_dim: int) 
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"flashinfer's kernels take head_dim {SUPPORTED_HEAD_DIMS}, not {head_dim}"
     if import_flashinfer() is None:
-        return "flashinfer is not installed (pip install 'tokenrouter[gpu]')"
+        return import_problem() or NOT_INSTALLED
     return None
+
+
+class PlanFences:
+    """One event per wrapper, recorded on the stream after its `plan()` queued the copy of its
+    pinned host buffer, and waited for before its next `plan()` rewrites that buffer. Only on
+    CUDA (`make_event`: torch.cuda.Event); elsewhere plans are not fenced."""
+
+    def __init__(self, device: torch.device, make_event: Callable[[], object] | None = None):
+        if make_event is None and device.type == "cuda":
+            make_event = torch.cuda.Event
+        self.make_event = make_event
+        self.events: dict[int, object] = {}  # by id() of the wrapper: wrappers live as long as the backend
+
+    def plan(self, wrapper, *args, **kwargs) -> None:
+        if self.make_event is None:
+            wrapper.plan(*args, **kwargs)
+            return
+        event = self.events.get(id(wrapper))
+        if event is None:
+            event = self.events[id(wrapper)] = self.make_event()
+        else:
+            event.synchronize()  # the previous plan's copy has read the pinned buffer
+        wrapper.plan(*args, **kwargs)
+        event.record()
+
+
+def scratch_step(query_lens: list[int], num_decode: int, scratch_block: int, block_size: int) -> AttentionMetadata:
+    """A step whose rows (new ones: no cached prefix) all write and read the scratch block: each
+    row's pages are that one block, repeated."""
+    tables = [[scratch_block] * -(-n // block_size) for n in query_lens]
+    layout = PagedLayout.build(query_lens, query_lens, tables, block_size)
+    return AttentionMetadata(
+        slot_mapping=layout.slots(),
+        num_decode=num_decode,
+        decode_block_tables=None,
+        decode_mask=None,
+        decode_positions=None,
+        prefill_rows=[],
+        prefill_slots=[],
+        query_lens=list(query_lens),
+        context_lens=list(query_lens),
+        block_tables=tables,
+        block_size=block_size,
+    )
 
 
 @dataclass
@@ -67,11 +141,15 @@ class _DecodeGraphBuffers:
 
 
 class FlashInferPagedAttention(AttentionBackend):
-    def __init__(self, cache: KVCache, num_qo_heads: int, device: torch.device):
+    def __init__(self, cache: KVCache, num_qo_heads: int, device: torch.device, prefill_backend: str = "auto"):
         flashinfer = import_flashinfer()
         if flashinfer is None:
-            raise ImportError("flashinfer is not installed (pip install 'tokenrouter[gpu]')")
+            raise ImportError(import_problem() or NOT_INSTALLED)
+        if prefill_backend not in PREFILL_BACKENDS:
+            raise ValueError(f"prefill_backend must be one of {PREFILL_BACKENDS}, not {prefill_backend!r}")
         self.fi = flashinfer
+        self.prefill_backend = prefill_backend  # the prefill wrappers' `backend=` ("fa2" where FA3 did not build)
+        self.fences = PlanFences(device)
         self.cache = cache
         layout = cache.layout
         self.num_qo_heads = num_qo_heads
@@ -97,20 +175,20 @@ class FlashInferPagedAttention(AttentionBackend):
 
     # ---- planning ------------------------------------------------------------------------
     def plan(self, meta: AttentionMetadata) -> None:
-        # flashinfer's plan() rewrites a pinned host buffer that the previous plan's async copy may
-        # still read; ModelRunner.prepare's blocking host-to-device copies order the stream first.
+        """The step's layout on the host (what the wrappers plan from) and on the device (one
+        copy), then every layer kind seen so far planned; each plan fenced (`PlanFences`)."""
         self._host = PagedLayout.from_metadata(meta)
         self._num_decode = meta.num_decode
         self._planned = set()
+        layout = self._host.to(self.device)
         if self.graph is not None:
-            g, host = self.graph, self._host
-            assert meta.num_decode == host.num_rows == g.size, "a decode graph replays pure-decode steps of its size"
-            g.positions.copy_(host.positions, non_blocking=True)
-            self._layout = PagedLayout(
+            g = self.graph
+            assert meta.num_decode == layout.num_rows == g.size, "a decode graph replays pure-decode steps of its size"
+            g.positions.copy_(layout.positions)
+            layout = PagedLayout(
                 g.qo_indptr, g.kv_indptr, g.kv_indices, g.kv_last_page_len, g.batch_indices, g.positions, self.page_size
             )
-        else:
-            self._layout = self._host.to(self.device)
+        self._layout = layout
         for key in self.keys:
             self._plan(key)
 
@@ -141,14 +219,18 @@ class FlashInferPagedAttention(AttentionBackend):
         if nd:
             d = host.rows(0, nd)
             wrapper = self._decode_wrapper(key)
-            wrapper.plan(d.kv_indptr, d.kv_indices, d.kv_last_page_len, *heads, **common)
+            self.fences.plan(wrapper, d.kv_indptr, d.kv_indices, d.kv_last_page_len, *heads, **common)
         if nd < host.num_rows:
             p = host.rows(nd, host.num_rows)
             wrapper = self.prefill_wrappers.get(key)
             if wrapper is None:
-                wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(self.workspace, "NHD")
+                wrapper = self.fi.BatchPrefillWithPagedKVCacheWrapper(
+                    self.workspace, "NHD", backend=self.prefill_backend
+                )
                 self.prefill_wrappers[key] = wrapper
-            wrapper.plan(p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_last_page_len, *heads, causal=True, **common)
+            self.fences.plan(
+                wrapper, p.qo_indptr, p.kv_indptr, p.kv_indices, p.kv_last_page_len, *heads, causal=True, **common
+            )
         self._planned.add(key)
 
     def _decode_wrapper(self, key: PlanKey):
@@ -201,3 +283,35 @@ class FlashInferPagedAttention(AttentionBackend):
             self._decode_wrapper(key).run(q[:nd], (k_pages, v_pages), out=out[:nd])
         self.prefill_wrappers[key].run(q[nd:], (k_pages, v_pages), out=out[nd:])
         return out
+
+    # ---- the load-time self-test -----------------------------------------------------------
+    def self_test(self, scratch_block: int) -> None:
+        """Plan and run the kernels a step uses, on the scratch block (a KV block no request
+        owns): a decode row beside a short prefill row, then one prefill row long enough for
+        FA3 where flashinfer picks it. This builds (JIT) and loads them, and proves they run: every
+        key and value is one vector per KV head, so each query's attention must be its KV head's
+        value, whatever the weights. Raises on any failure; the backend is then as new."""
+        short, long = SELF_TEST_PREFILL_TOKENS
+        scale = self.head_dim**-0.5
+        gen = torch.Generator().manual_seed(0)
+        kv = torch.randn(2, 1, self.num_kv_heads, self.head_dim, generator=gen).to(self.device, self.dtype)
+        group = self.num_qo_heads // self.num_kv_heads
+        try:
+            for query_lens, num_decode in (([1, short], 1), ([long], 0)):
+                meta = scratch_step(query_lens, num_decode, scratch_block, self.page_size)
+                tokens = sum(query_lens)
+                q = torch.randn(tokens, self.num_qo_heads, self.head_dim, generator=gen).to(self.device, self.dtype)
+                k, v = (x.expand(tokens, -1, -1) for x in kv)
+                self.plan(meta)
+                out = self.forward(0, q, k, v, meta, scale, None)
+                if out.shape != q.shape:
+                    raise RuntimeError(f"flashinfer's attention came back {tuple(out.shape)}, not {tuple(q.shape)}")
+                error = (out.float() - v.repeat_interleave(group, dim=1).float()).abs().max().item()
+                if not error <= 2e-2 * (1 + v.float().abs().max().item()):  # NaN fails too
+                    raise RuntimeError(
+                        f"flashinfer's kernels computed wrong attention in the self-test (rows {query_lens}): "
+                        f"max error {error:.3g}"
+                    )
+        finally:
+            self.keys, self._planned = [], set()  # the model's own layer kinds are planned as they come
+            self._host = self._layout = None

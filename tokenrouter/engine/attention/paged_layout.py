@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from .backend import AttentionMetadata
+from .device_copy import to_device
 
 
 @dataclass
@@ -67,6 +68,7 @@ class PagedLayout:
         return self.kv_last_page_len.shape[0]
 
     def to(self, device: torch.device | str) -> PagedLayout:
+        """On `device`: itself where it is, else from the host in one copy (attention/device_copy.py)."""
         if torch.device(device) == self.qo_indptr.device:
             return self
         tensors = (
@@ -77,7 +79,7 @@ class PagedLayout:
             self.batch_indices,
             self.positions,
         )
-        return PagedLayout(*(t.to(device, non_blocking=True) for t in tensors), self.page_size)
+        return PagedLayout(*to_device(tensors, device), self.page_size)
 
     def rows(self, start: int, stop: int) -> PagedLayout:
         """Rows start..stop-1 as a layout of their own (offsets rebased to 0)."""

@@ -6,11 +6,18 @@ token at position 0 of a scratch block, one block of the KV pool no request ever
 real rows' attention and cache are untouched; their logits are dropped. Sizes follow SGLang's
 default: 1, 2, 4, 8, then every 8 up to the limit. Steps with prefill or extend rows, and
 decode steps larger than the limit, run eagerly.
+
+Capture is done as vLLM and SGLang do it: on the worker's own stream, the one its warm-up ran on
+(a side stream if the caller is on the default stream, which cannot capture); in thread-local
+capture mode, so a CUDA call in another thread (another worker's step) does not break it; and
+under one lock per process, so two workers on one GPU never capture at once.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,6 +26,8 @@ from ..attention.backend import AttentionMetadata
 
 if TYPE_CHECKING:
     from ..attention.flashinfer_paged import FlashInferPagedAttention
+
+CAPTURE_LOCK = threading.Lock()  # one capture at a time in this process
 
 # (input ids, positions, planned metadata, rows to keep: 0 = all) -> (logits, hidden or None)
 RunModel = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata, int], tuple[torch.Tensor, torch.Tensor | None]]
@@ -88,6 +97,21 @@ def scratch_decode(size: int, scratch_block: int, block_size: int, device: torch
     return pad_decode(empty, empty, meta, size, scratch_block)
 
 
+@contextmanager
+def capture_stream(device: torch.device) -> Iterator[torch.cuda.Stream]:
+    """The stream to warm up and capture on, made current: the caller's (a worker's own), or, if
+    that is the default stream (which cannot capture), a side stream ordered after it both ways."""
+    current = torch.cuda.current_stream(device)
+    if current != torch.cuda.default_stream(device):
+        yield current
+        return
+    side = torch.cuda.Stream(device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        yield side
+    current.wait_stream(side)
+
+
 class DecodeGraphs:
     """One captured decode forward per batch size, sharing one memory pool (largest first).
     `run_model` is the runner's forward over a planned step; the runner owns these graphs and
@@ -126,23 +150,24 @@ class DecodeGraphs:
     def capture(self) -> None:
         pool = None
         bs, dev = self.block_size, self.device
-        try:
-            for size in reversed(self.sizes):
-                ids, pos, meta = scratch_decode(size, self.scratch_block, bs, dev)
-                self.input_ids[:size].copy_(ids)
-                self.positions[:size].copy_(pos)
-                self.backend.use_graph(size, self.max_pages_per_row)
-                self.backend.plan(meta)
-                static_ids, static_pos = self.input_ids[:size], self.positions[:size]
-                self.run_model(static_ids, static_pos, meta, 0)  # warm-up; plans every layer kind
-                torch.cuda.synchronize(dev)
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    logits, hidden = self.run_model(static_ids, static_pos, meta, 0)
-                pool = graph.pool()
-                self.graphs[size] = (graph, logits, hidden)
-        finally:
-            self.backend.use_graph(None)
+        with CAPTURE_LOCK, capture_stream(dev) as stream:
+            try:
+                for size in reversed(self.sizes):
+                    ids, pos, meta = scratch_decode(size, self.scratch_block, bs, dev)
+                    self.input_ids[:size].copy_(ids)
+                    self.positions[:size].copy_(pos)
+                    self.backend.use_graph(size, self.max_pages_per_row)
+                    self.backend.plan(meta)
+                    static_ids, static_pos = self.input_ids[:size], self.positions[:size]
+                    self.run_model(static_ids, static_pos, meta, 0)  # warm-up; plans every layer kind
+                    stream.synchronize()
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, pool=pool, stream=stream, capture_error_mode="thread_local"):
+                        logits, hidden = self.run_model(static_ids, static_pos, meta, 0)
+                    pool = graph.pool()
+                    self.graphs[size] = (graph, logits, hidden)
+            finally:
+                self.backend.use_graph(None)
 
     def replay(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata

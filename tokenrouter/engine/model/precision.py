@@ -1,7 +1,7 @@
 """What a model computes in: its dtype, and whether its weights stay quantized.
 
-- On a GPU, the checkpoint's dtype; a float32 checkpoint maps to bfloat16 (as vLLM does), said
-  in the log.
+- On a GPU, the checkpoint's dtype; a float32 or float64 checkpoint maps to bfloat16 (float16 on
+  a GPU without bfloat16), as vLLM does, said in the log (`gpu_dtype`).
 - On CPU with `dtype="auto"`, the faster of float32 and bfloat16 for this model on this machine,
   measured (`linear/probe.py`).
 - `quantization="gguf"` keeps a GGUF checkpoint's Q4_K tensors 4-bit and its other quantized ones
@@ -53,16 +53,40 @@ def stored_dtype(config) -> torch.dtype | None:
     return stored if isinstance(stored, torch.dtype) and stored.is_floating_point else None
 
 
+def gpu_dtype(stored: torch.dtype | None, bf16: bool) -> tuple[torch.dtype, str]:
+    """What dtype="auto" computes in on a GPU, and why: a float16 or bfloat16 checkpoint as it is;
+    a float32 or float64 one (or one that states no dtype) in bfloat16, or float16 on a GPU
+    without bfloat16 (`bf16`), as vLLM does: half precision is what GPUs compute fast, and what
+    flashinfer's kernels and CUDA graphs serve."""
+    half = torch.bfloat16 if bf16 else torch.float16
+    if stored is None:
+        return half, f"the checkpoint states no dtype: {_name(half)} on the GPU"
+    if stored in (torch.float16, torch.bfloat16):
+        return stored, "the checkpoint's dtype"
+    return half, f"the {_name(stored)} checkpoint mapped to {_name(half)} on the GPU"
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether a CUDA device computes bfloat16 natively (compute capability 8.0 and up; other devices: assumed)."""
+    if device.type != "cuda" or not torch.cuda.is_available():
+        return True
+    return torch.cuda.get_device_capability(device) >= (8, 0)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
 def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: int | None) -> Precision:
     quantization = spec.quantization
     if device.type != "cpu":
         if spec.dtype != "auto":
             return Precision(DTYPES[spec.dtype], None, "as asked")
-        stored = stored_dtype(config) or torch.bfloat16
-        if stored == torch.float32:
-            log.info("%s: a float32 checkpoint on %s computes in bfloat16", spec.path, device)
-            return Precision(torch.bfloat16, None, "the float32 checkpoint mapped to bfloat16 on the GPU")
-        return Precision(stored, None, "the checkpoint's dtype")
+        stored = stored_dtype(config)
+        dtype, reason = gpu_dtype(stored, bf16_supported(device))
+        if stored is not None and dtype != stored:
+            log.info("%s: the %s checkpoint computes in %s on %s", spec.path, _name(stored), _name(dtype), device)
+        return Precision(dtype, None, reason)
     if quantization == "int8":
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
     if spec.dtype != "auto":

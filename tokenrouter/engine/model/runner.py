@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..attention.backend import AttentionBackend, AttentionMetadata, step_context
+from ..attention.device_copy import to_device
 from ..sched.batch import ScheduledBatch
 from .cuda_graph import DecodeGraphs
 from .loader import LoadedModel
@@ -53,6 +54,7 @@ class PreparedStep:
     meta: AttentionMetadata
     sample_rows: list[int]  # batch rows whose last new token is the sequence's last token
     last_index: list[int]  # for each of those, its last token's index in the packed row
+    keep: torch.Tensor  # [rows] the packed rows whose logits are computed: last_index, then the extra ones
 
 
 class HiddenCapture:
@@ -98,6 +100,7 @@ class ModelRunner:
         self.device = loaded.device
         self.capture = HiddenCapture(loaded.model) if capture_hidden else None
         self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/model/cuda_graph.py)
+        self.graph_error: str | None = None  # why capturing them failed ("RuntimeError: ..."), if it did
 
     def capture_graphs(self, max_batch: int, scratch_block: int) -> None:
         """CUDA graphs of pure-decode steps up to `max_batch` rows, padded onto `scratch_block`
@@ -110,7 +113,13 @@ class ModelRunner:
         try:
             graphs.capture()
         except Exception as e:
-            log.warning("model %r: CUDA graph capture failed, decode steps run eagerly: %s", self.loaded.name, e)
+            self.graph_error = f"{type(e).__name__}: {e}"
+            log.warning(
+                "model %r: CUDA graph capture failed, decode steps run eagerly: %s",
+                self.loaded.name,
+                self.graph_error,
+                exc_info=True,
+            )
             return
         self.graphs = graphs
 
@@ -123,18 +132,29 @@ class ModelRunner:
         bs = self.block_size
         return block_table[positions // bs] * bs + positions % bs
 
-    def prepare(self, batch: ScheduledBatch) -> PreparedStep:
+    def prepare(self, batch: ScheduledBatch, extra_rows: list[int] | None = None) -> PreparedStep:
         """The batch packed into one row of tokens (no padding): the decode rows first, then the
-        prefill and catch-up rows, with positions, cache slots and the attention metadata."""
+        prefill and catch-up rows, with positions, cache slots and the attention metadata; `keep`
+        the rows whose logits are computed (each sampled row's last, then `extra_rows`).
+        Everything is built on the host and reaches the device in one copy (attention/device_copy.py)."""
         rows = PackedRows()
-        decode = self.pack_decodes(batch, rows)
+        tables = self.pack_decodes(batch, rows)
         prefill_rows, prefill_slots = self.pack_prefills(batch, rows)
+        keep = torch.tensor(rows.last_index + (extra_rows or []), dtype=torch.long)
+        host = [torch.tensor(rows.ids, dtype=torch.long), torch.cat(rows.positions), torch.cat(rows.slots), keep]
+        ids, positions, slots, keep, tables, *prefill_slots = to_device([*host, tables, *prefill_slots], self.device)
+        nd = batch.num_decode
+        mask = decode_positions = None
+        if nd:  # a decode row's context is its positions up to the new token's
+            decode_positions = positions[:nd]
+            width = tables.shape[1] * self.block_size
+            mask = torch.arange(width, device=positions.device)[None, :] <= decode_positions[:, None]
         meta = AttentionMetadata(
-            slot_mapping=torch.cat(rows.slots),
-            num_decode=batch.num_decode,
-            decode_block_tables=decode[0],
-            decode_mask=decode[1],
-            decode_positions=decode[2],
+            slot_mapping=slots,
+            num_decode=nd,
+            decode_block_tables=tables,
+            decode_mask=mask,
+            decode_positions=decode_positions,
             prefill_rows=prefill_rows,
             prefill_slots=prefill_slots,
             query_lens=batch.num_new,
@@ -142,33 +162,31 @@ class ModelRunner:
             block_tables=[s.block_table for s in batch.seqs],
             block_size=self.block_size,
         )
-        input_ids = torch.tensor(rows.ids, device=self.device)
-        return PreparedStep(input_ids, torch.cat(rows.positions), meta, rows.sample_rows, rows.last_index)
+        return PreparedStep(ids, positions, meta, rows.sample_rows, rows.last_index, keep)
 
-    def pack_decodes(self, batch: ScheduledBatch, rows: PackedRows) -> tuple:
-        """The decode rows, one token each: their padded block tables, context mask and positions."""
+    def pack_decodes(self, batch: ScheduledBatch, rows: PackedRows) -> torch.Tensor | None:
+        """The decode rows, one token each: their positions and slots into `rows`; returns their
+        block tables padded to the widest (host tensors)."""
         nd = batch.num_decode
         if not nd:
-            return None, None, None
-        dev, bs = self.device, self.block_size
+            return None
+        bs = self.block_size
         dseqs = batch.seqs[:nd]
         width = max(len(s.block_table) for s in dseqs)
-        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs], device=dev)
-        ctx = torch.tensor([s.num_computed + 1 for s in dseqs], device=dev)
-        mask = torch.arange(width * bs, device=dev)[None, :] < ctx[:, None]
-        positions = ctx - 1
+        tables = torch.tensor([s.block_table + [0] * (width - len(s.block_table)) for s in dseqs])
+        positions = torch.tensor([s.num_computed for s in dseqs])
         rows.ids.extend(s.token_ids[s.num_computed] for s in dseqs)
         rows.positions.append(positions)
         last_block = tables.gather(1, (positions // bs)[:, None]).squeeze(1)
         rows.slots.append(last_block * bs + positions % bs)
         rows.sample_rows.extend(range(nd))
         rows.last_index.extend(range(nd))
-        return tables, mask, positions
+        return tables
 
     def pack_prefills(self, batch: ScheduledBatch, rows: PackedRows) -> tuple[list, list]:
         """The prefill and catch-up rows: per row (start in the packed tokens, new tokens, context
-        length), and the cache slots of its whole context when part of it was cached before."""
-        dev = self.device
+        length), and the cache slots of its whole context when part of it was cached before
+        (host tensors)."""
         prefill_rows: list[tuple[int, int, int]] = []
         prefill_slots: list[torch.Tensor | None] = []
         start = batch.num_decode
@@ -176,13 +194,13 @@ class ModelRunner:
             seq, n = batch.seqs[row], batch.num_new[row]
             first = seq.num_computed
             ctx_len = first + n
-            table = torch.tensor(seq.block_table, device=dev)
+            table = torch.tensor(seq.block_table)
             rows.ids.extend(seq.token_ids[first:ctx_len])
-            pos = torch.arange(first, ctx_len, device=dev)
+            pos = torch.arange(first, ctx_len)
             rows.positions.append(pos)
             rows.slots.append(self._slots(table, pos))
             prefill_rows.append((start, n, ctx_len))
-            prefill_slots.append(self._slots(table, torch.arange(ctx_len, device=dev)) if first else None)
+            prefill_slots.append(self._slots(table, torch.arange(ctx_len)) if first else None)
             if ctx_len == len(seq.token_ids):
                 rows.sample_rows.append(row)
                 rows.last_index.append(start + n - 1)
@@ -199,18 +217,17 @@ class ModelRunner:
         """The forward, in the calling thread (`forward` runs it in the compute thread, if any)."""
         if self.threads is not None:
             use_threads(self.threads)
-        step = self.prepare(batch)
-        input_ids, positions, meta = step.input_ids, step.positions, step.meta
-        sample_rows, last_index = step.sample_rows, step.last_index
         extra, spans = self.verify_positions(batch)
         scored, prompt_spans = self.prompt_positions(batch)
+        step = self.prepare(batch, extra + scored)
+        input_ids, positions, meta = step.input_ids, step.positions, step.meta
+        sample_rows, last_index = step.sample_rows, step.last_index
         t0 = time.perf_counter()
         if self.graphs is not None and self.graphs.fits(len(batch), batch.num_decode):  # graph or eager: ours to choose
             logits, hidden = self.graphs.replay(input_ids, positions, meta)
         else:
             self.backend.plan(meta)
-            keep = torch.tensor(last_index + extra + scored, device=self.device, dtype=torch.long)
-            logits, hidden = self.run_model(input_ids, positions, meta, keep)
+            logits, hidden = self.run_model(input_ids, positions, meta, step.keep)
         verify, prompt = {}, {}
         n = len(last_index)
         if spans:  # a check's rows: every position but the last after the sampled rows, then the last

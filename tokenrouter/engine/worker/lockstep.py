@@ -29,8 +29,9 @@ class LockstepDriver:
         self._thread.start()
 
     def _run(self) -> None:
-        for w in self.workers:  # load every model in this, the one stepping thread
-            w.load()
+        for w in self.workers:  # load every model in this, the one stepping thread, on its device
+            with w.on_device():
+                w.load()
         if any(w.load_failed for w in self.workers):
             return
         try:
@@ -39,12 +40,13 @@ class LockstepDriver:
                     self.wake.clear()
                     stepped = False
                     for w in self.workers:
-                        w.drain_inbox()  # including hand-offs from the previous worker's step
-                        if w.stopping:
-                            continue
-                        if w.core.num_ready:
-                            w.step()
-                            stepped = True
+                        with w.on_device():  # each worker's device and stream, as its own thread has them
+                            w.drain_inbox()  # including hand-offs from the previous worker's step
+                            if w.stopping:
+                                continue
+                            if w.core.num_ready:
+                                w.step()
+                                stepped = True
                     if all(w.stopping for w in self.workers):
                         break
                     if not stepped:
@@ -54,4 +56,5 @@ class LockstepDriver:
                 w.fail(e)
         finally:
             for w in self.workers:
-                w.shut_down()
+                with w.on_device():
+                    w.shut_down()

@@ -18,8 +18,9 @@ import socket
 import threading
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -64,6 +65,7 @@ class WorkerThread:
         self._ready = threading.Event()
         self._setup_error: BaseException | None = None
         self._thread: threading.Thread | None = None
+        self._stream: torch.cuda.Stream | None = None  # on CUDA: the stream every step runs on (on_device)
         # time spent in the loop, outside steps
         self.time_idle = 0.0
         self.time_waiting_for_batch = 0.0
@@ -188,13 +190,22 @@ class WorkerThread:
 
     # ---- the loop --------------------------------------------------------------------------
     def _run(self) -> None:
-        """On CUDA, everything the worker does runs on its own stream, so two workers on one GPU overlap."""
-        device = torch.device(self.core.spec.device)
-        if device.type == "cuda" and torch.cuda.is_available():
-            with torch.cuda.device(device), torch.cuda.stream(torch.cuda.Stream(device)):
-                self._serve()
-        else:
+        with self.on_device():
             self._serve()
+
+    @contextmanager
+    def on_device(self) -> Iterator[None]:
+        """On CUDA: the worker's device and its own stream made current, in whatever thread steps
+        it (its own, or the lockstep driver), so that two workers on one GPU overlap and its CUDA
+        graphs are captured on the stream their warm-up ran on. Elsewhere: nothing."""
+        device = torch.device(self.core.spec.device)
+        if device.type != "cuda" or not torch.cuda.is_available():
+            yield
+            return
+        if self._stream is None:
+            self._stream = torch.cuda.Stream(device)
+        with torch.cuda.device(device), torch.cuda.stream(self._stream):
+            yield
 
     def _serve(self) -> None:
         self.load()
