@@ -3,17 +3,23 @@
 What runs here on CPU checks the parts that do not need CUDA: the paged layout flashinfer plans
 from (it must describe exactly the attention the torch backend computes), the padding of decode
 steps to a captured size (the padded rows must not change the real rows' logits or KV), the
-backend choice and its errors. The tests marked `gpu` run the kernels and graphs themselves.
+backend choice and its errors, and the flashinfer backend's own logic over flashinfer 0.7.4's
+contract fake (tokenrouter/testing/flashinfer_fake.py). The tests marked `gpu` run the kernels and
+graphs themselves: page sizes 4 and 16, a prefill row over 64 tokens (FA3 on Hopper under "auto"),
+and the engine on CUDA with torch's attention and no flashinfer at all.
 """
 
 from __future__ import annotations
 
+import os
 import random
+import sys
 
 import anyio
 import pytest
 import torch
 
+from tests.engine.test_flashinfer_contract import reference_attention
 from tests.helpers import generate_all, holds_nothing
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
 from tokenrouter.engine.attention.choice import choose_attention_backend
@@ -27,6 +33,7 @@ from tokenrouter.engine.model.runner import ModelRunner
 from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.errors import ModelLoadError
+from tokenrouter.testing.flashinfer_fake import FakeFlashInfer
 
 BS = 4  # block size: small, so rows span several pages and partial last pages
 
@@ -40,28 +47,29 @@ def _seq(i: int, n: int, vocab: int, rng: random.Random) -> Sequence:
 class _Pool:
     """Hands out blocks in a shuffled order, so block tables are not contiguous."""
 
-    def __init__(self, num_blocks: int, rng: random.Random):
+    def __init__(self, num_blocks: int, rng: random.Random, block_size: int = BS):
         self.free = list(range(num_blocks))
+        self.block_size = block_size
         rng.shuffle(self.free)
 
     def grow(self, seq: Sequence, tokens: int) -> None:
-        while len(seq.block_table) * BS < tokens:
+        while len(seq.block_table) * self.block_size < tokens:
             seq.block_table.append(self.free.pop())
 
 
-def _runner(path, dtype=torch.float64, device="cpu", blocks=64, extra_blocks=0):
+def _runner(path, dtype=torch.float64, device="cpu", blocks=64, extra_blocks=0, block_size=BS):
     name = "float64" if dtype == torch.float64 else "float32"
     loaded = load_model("m", ModelSpec(path=path, dtype=name, device=device))
     layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
-    cache = KVCache(layout, blocks + extra_blocks, BS, loaded.device)
-    return ModelRunner(loaded, TorchPagedAttention(cache), BS), cache
+    cache = KVCache(layout, blocks + extra_blocks, block_size, loaded.device)
+    return ModelRunner(loaded, TorchPagedAttention(cache), block_size), cache
 
 
-def _mixed_step(runner, rng):
+def _mixed_step(runner, rng, long_prefill=0):
     """Prefill 6 sequences, then a step mixing 3 decode rows with 3 extend rows (cached prefix +
-    several new tokens); returns that step's batch."""
+    several new tokens), and a new row of `long_prefill` tokens if any; returns that step's batch."""
     vocab = runner.loaded.vocab_size
-    pool = _Pool(64, rng)
+    pool = _Pool(64, rng, runner.block_size)
     seqs = [_seq(i, n, vocab, rng) for i, n in enumerate([9, 4, 13, 6, 11, 8])]
     for s in seqs:
         pool.grow(s, len(s.token_ids))
@@ -71,29 +79,10 @@ def _mixed_step(runner, rng):
     for s, extra in zip(seqs, [1, 1, 1, 3, 5, 2]):
         s.token_ids += [rng.randrange(5, vocab) for _ in range(extra)]
         pool.grow(s, len(s.token_ids))
+    if long_prefill:
+        seqs.append(_seq(6, long_prefill, vocab, rng))
+        pool.grow(seqs[-1], long_prefill)
     return ScheduledBatch(seqs, [len(s.token_ids) - s.num_computed for s in seqs], 3)
-
-
-def _paged_attention(q, k_pages, v_pages, qo_indptr, kv_indptr, kv_indices, last_page_len, window_left, scale):
-    """Paged attention one row at a time, as flashinfer documents it: row r's queries are the
-    last tokens of its pages' context (causal, bottom-right); a key is visible iff it is at most
-    window_left positions back (-1: all). K/V pages are [pages, page_size, kv_heads, head_dim]."""
-    out = torch.empty_like(q)
-    page = k_pages.shape[1]
-    for r in range(len(last_page_len)):
-        q0, q1 = int(qo_indptr[r]), int(qo_indptr[r + 1])
-        pages = kv_indices[int(kv_indptr[r]) : int(kv_indptr[r + 1])].long()
-        ctx = (len(pages) - 1) * page + int(last_page_len[r])
-        kr = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:ctx]
-        vr = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:ctx]
-        group = q.shape[1] // kr.shape[1]
-        kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
-        scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scale
-        back = torch.arange(ctx - (q1 - q0), ctx)[:, None] - torch.arange(ctx)[None, :]
-        allowed = (back >= 0) & ((back <= window_left) if window_left >= 0 else True)
-        scores = scores.masked_fill(~allowed, float("-inf"))
-        out[q0:q1] = torch.einsum("htc,chd->thd", scores.softmax(-1), vr)
-    return out
 
 
 def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling, window):
@@ -103,7 +92,7 @@ def _reference_attention(q, k, v, k_cache, v_cache, layout: PagedLayout, scaling
     slots = layout.slots()
     k_cache[slots], v_cache[slots] = k, v
     pages = (-1, layout.page_size, *k.shape[1:])
-    return _paged_attention(
+    return reference_attention(
         q,
         k_cache.view(pages),
         v_cache.view(pages),
@@ -219,118 +208,20 @@ def test_a_cuda_device_without_cuda_fails_at_start_naming_the_device(tiny_model)
 
 
 # ---- the flashinfer backend's own logic, on CPU ----------------------------------------------
-class _FlashInferSemantics:
-    """flashinfer's documented semantics in plain torch, one row at a time: what its wrappers and
-    page append compute, not how. It stands in for the library where its kernels cannot run, so
-    that the backend's own logic (planning once per step and per layer kind, splitting decode
-    from prefill rows, the graph buffers a replay reads) is checked on CPU. The kernels
-    themselves are checked against the torch backend by the `gpu` tests below."""
-
-    class BatchDecodeWithPagedKVCacheWrapper:
-        def __init__(
-            self,
-            workspace,
-            layout,
-            use_cuda_graph=False,
-            use_tensor_cores=False,
-            paged_kv_indptr_buffer=None,
-            paged_kv_indices_buffer=None,
-            paged_kv_last_page_len_buffer=None,
-        ):
-            assert layout == "NHD" and workspace.dtype == torch.uint8
-            self.graph = use_cuda_graph
-            self.bufs = (paged_kv_indptr_buffer, paged_kv_indices_buffer, paged_kv_last_page_len_buffer)
-            if use_cuda_graph:
-                assert all(b is not None for b in self.bufs)
-
-        def plan(
-            self,
-            indptr,
-            indices,
-            last_page_len,
-            num_qo_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
-            *,
-            window_left=-1,
-            sm_scale=None,
-            q_data_type=None,
-            kv_data_type=None,
-        ):
-            assert indptr.dtype == indices.dtype == last_page_len.dtype == torch.int32
-            if self.graph:  # fixed batch size; the step's pages are copied into the fixed buffers
-                indptr_buf, indices_buf, last_buf = self.bufs
-                assert len(last_page_len) == len(last_buf), "a graph wrapper plans its own batch size only"
-                indptr_buf.copy_(indptr)
-                indices_buf[: len(indices)].copy_(indices)
-                last_buf.copy_(last_page_len)
-                self.plan_ = (None, None, None)
-            else:
-                self.plan_ = (indptr.clone(), indices.clone(), last_page_len.clone())
-            self.args = (window_left, sm_scale or head_dim**-0.5)
-
-        def run(self, q, kv, out=None):
-            indptr, indices, last = self.bufs if self.graph else self.plan_
-            n = len(last)
-            window, scale = self.args
-            assert q.shape[0] == n
-            result = _paged_attention(q, *kv, torch.arange(n + 1), indptr, indices, last, window, scale)
-            return result if out is None else out.copy_(result)
-
-    class BatchPrefillWithPagedKVCacheWrapper:
-        def __init__(self, workspace, layout):
-            assert layout == "NHD"
-
-        def plan(
-            self,
-            qo_indptr,
-            kv_indptr,
-            indices,
-            last_page_len,
-            num_qo_heads,
-            num_kv_heads,
-            head_dim,
-            page_size,
-            *,
-            causal=False,
-            window_left=-1,
-            sm_scale=None,
-            q_data_type=None,
-            kv_data_type=None,
-        ):
-            assert causal
-            self.plan_ = (qo_indptr.clone(), kv_indptr.clone(), indices.clone(), last_page_len.clone())
-            self.args = (window_left, sm_scale or head_dim**-0.5)
-
-        def run(self, q, kv, out=None):
-            qo_indptr, indptr, indices, last = self.plan_
-            assert q.shape[0] == int(qo_indptr[-1])
-            window, scale = self.args
-            result = _paged_attention(q, *kv, qo_indptr, indptr, indices, last, window, scale)
-            return result if out is None else out.copy_(result)
-
-    @staticmethod
-    def append_paged_kv_cache(k, v, batch_indices, positions, kv, kv_indices, kv_indptr, kv_last_page_len, layout):
-        k_pages, v_pages = kv
-        page = k_pages.shape[1]
-        for t in range(k.shape[0]):
-            b, pos = int(batch_indices[t]), int(positions[t])
-            assert pos < (int(kv_indptr[b + 1]) - int(kv_indptr[b]) - 1) * page + int(kv_last_page_len[b])
-            block = int(kv_indices[int(kv_indptr[b]) + pos // page])
-            k_pages[block, pos % page] = k[t]
-            v_pages[block, pos % page] = v[t]
-
-
 @pytest.fixture
-def flashinfer_semantics(monkeypatch):
+def flashinfer_fake(monkeypatch):
+    """flashinfer 0.7.4's contract fake (tokenrouter/testing/flashinfer_fake.py) in place of the library:
+    its documented semantics in plain torch, and its checks, on CPU. The kernels themselves are
+    checked against the torch backend by the `gpu` tests below."""
     from tokenrouter.engine.attention import flashinfer_paged as flashinfer_attention
 
-    monkeypatch.setattr(flashinfer_attention, "import_flashinfer", lambda: _FlashInferSemantics)
+    lib = FakeFlashInfer()
+    monkeypatch.setattr(flashinfer_attention, "import_flashinfer", lambda: lib)
+    return lib
 
 
 @pytest.mark.parametrize("window", [None, 5])
-def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfer_semantics, window):
+def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfer_fake, window):
     """A mixed step through the flashinfer backend, two layer kinds planned lazily, equals the torch backend."""
     from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
@@ -358,9 +249,10 @@ def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfe
     assert set(fi.keys) == {(window - 1 if window else -1, 0.3), (-1, 0.3)}
 
 
-def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_model, flashinfer_semantics):
-    """What a replay does, minus the capture: plan a padded decode step into a graph size's fixed
-    buffers, then run; the real rows equal an eager step, whatever the buffers held before."""
+def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_model, flashinfer_fake):
+    """What a capture and replay do, the fake standing in for the capture: plan a padded decode
+    step into a graph size's fixed buffers, warm up (planning every layer kind), plan again and run
+    "captured" (no plan then, only graph wrappers); the real rows equal an eager step."""
     from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
     runner, cache = _runner(tiny_model, extra_blocks=1)
@@ -379,7 +271,10 @@ def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_mode
         pids, ppos, padded = pad_decode(ids, pos, meta, size, scratch)
         graphed.use_graph(size, max_pages_per_row=16)
         graphed.plan(padded)
-        got, _ = runner.run_model(pids, ppos, padded, keep=0)
+        runner.run_model(pids, ppos, padded, keep=0)  # the warm-up
+        graphed.plan(padded)
+        with flashinfer_fake.capture():
+            got, _ = runner.run_model(pids, ppos, padded, keep=0)
         graphed.use_graph(None)
         torch.testing.assert_close(got[:3], expected, rtol=1e-10, atol=1e-10)
     assert sorted(graphed.graph_buffers) == [4, 8] and graphed.graph is None
@@ -407,15 +302,29 @@ def gpu_pair(tmp_path_factory, tokenizer):
     return {"small": small, "large": large}
 
 
+@pytest.fixture
+def prefill_backend():
+    """flashinfer's prefill kernels for the gpu tests: TOKENROUTER_PREFILL_BACKEND (the GPU kit sets
+    "fa2" when FA3 did not build), else "auto"."""
+
+    return os.environ.get("TOKENROUTER_PREFILL_BACKEND", "auto")
+
+
 @pytest.mark.gpu
 @needs_gpu
-@pytest.mark.parametrize("window", [None, 5])
-def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
+@pytest.mark.parametrize(
+    "window, block_size, long_prefill",
+    # a row of 80 new tokens: flashinfer 0.7.4's "auto" runs FA3 on Hopper for steps with a row over 64
+    # (no window there: FA3 with a window is a module the GPU kit does not build)
+    [(None, 4, 0), (5, 4, 0), (None, 16, 0), (5, 16, 0), (None, 4, 80), (None, 16, 80)],
+)
+def test_flashinfer_equals_the_torch_backend(gpu_pair, window, block_size, long_prefill, prefill_backend):
     from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 
     rng = random.Random(2)
-    runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda")
-    batch = _mixed_step(runner, rng)
+    runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda", block_size=block_size)
+    batch = _mixed_step(runner, rng, long_prefill)
+    assert max(batch.num_new) == max(long_prefill, 5)
     meta = runner.prepare(batch).meta
     lay = cache.layout
     torch.manual_seed(0)
@@ -423,11 +332,11 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
     k = torch.randn(len(meta.slot_mapping), lay.num_kv_heads, lay.head_dim, device="cuda", dtype=torch.bfloat16)
     v = torch.randn_like(k)
     bf16_layout = KVLayout(lay.num_layers, lay.num_kv_heads, lay.head_dim, torch.bfloat16)
-    bf16 = KVCache(bf16_layout, cache.num_blocks, BS, "cuda")
+    bf16 = KVCache(bf16_layout, cache.num_blocks, block_size, "cuda")
     reference = TorchPagedAttention(bf16).forward(0, q, k, v, meta, 0.125, window)
     bf16.k[0].zero_()
     bf16.v[0].zero_()
-    fi = FlashInferPagedAttention(bf16, 4, torch.device("cuda"))
+    fi = FlashInferPagedAttention(bf16, 4, torch.device("cuda"), prefill_backend)
     fi.plan(meta)
     got = fi.forward(0, q, k, v, meta, 0.125, window)
     torch.testing.assert_close(got.float(), reference.float(), rtol=2e-2, atol=2e-2)
@@ -436,18 +345,20 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_cuda_graph_replay_equals_eager(gpu_pair):
+@pytest.mark.parametrize("block_size", [BS, 16])
+def test_cuda_graph_replay_equals_eager(gpu_pair, block_size, prefill_backend):
     """Replaying a captured decode step (padded to the next size) gives the eager step's logits, to
     bf16 rounding: flashinfer's graph kernels split the KV differently, so not bit for bit."""
     from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
     from tokenrouter.engine.model.cuda_graph import DecodeGraphs
 
     rng = random.Random(3)
-    loaded = load_model("m", ModelSpec(path=gpu_pair["small"], device="cuda", dtype="bfloat16"))
+    spec = ModelSpec(path=gpu_pair["small"], device="cuda", dtype="bfloat16", prefill_backend=prefill_backend)
+    loaded = load_model("m", spec)
     layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
-    cache = KVCache(layout, 65, BS, loaded.device)  # block 64: the scratch block
-    backend = FlashInferPagedAttention(cache, loaded.model.config.num_attention_heads, loaded.device)
-    runner = ModelRunner(loaded, backend, BS)
+    cache = KVCache(layout, 65, block_size, loaded.device)  # block 64: the scratch block
+    backend = FlashInferPagedAttention(cache, loaded.model.config.num_attention_heads, loaded.device, prefill_backend)
+    runner = ModelRunner(loaded, backend, block_size)
     graphs = DecodeGraphs(
         runner.run_model,
         backend,
@@ -472,8 +383,8 @@ def test_cuda_graph_replay_equals_eager(gpu_pair):
 
 @pytest.mark.gpu
 @needs_gpu
-def test_engine_with_cuda_graphs_serves_and_frees_everything(gpu_pair):
-    spec = ModelSpec(path=gpu_pair["small"], device="cuda", cuda_graph_max_batch=8)
+def test_engine_with_cuda_graphs_serves_and_frees_everything(gpu_pair, prefill_backend):
+    spec = ModelSpec(path=gpu_pair["small"], device="cuda", cuda_graph_max_batch=8, prefill_backend=prefill_backend)
 
     async def main():
         async with Engine(models={"m": spec}, policy=Single("m")) as engine:
@@ -489,9 +400,31 @@ def test_engine_with_cuda_graphs_serves_and_frees_everything(gpu_pair):
 
 
 @pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_engine_on_cuda_with_the_torch_backend_needs_no_flashinfer(gpu_pair, prefill_backend, monkeypatch):
+    """attention_backend="torch" on a GPU: the fallback when flashinfer is missing or broken."""
+    monkeypatch.setitem(sys.modules, "flashinfer", None)  # `import flashinfer` raises ImportError
+    spec = ModelSpec(path=gpu_pair["small"], device="cuda", attention_backend="torch", prefill_backend=prefill_backend)
+
+    async def main():
+        async with Engine(models={"m": spec}, policy=Single("m")) as engine:
+            prompts = [f"prompt {i} " * (i + 1) for i in range(6)]
+            res = await generate_all(engine, prompts, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True))
+            assert all(r.error is None and len(r.token_ids) == 8 for r in res)
+            assert holds_nothing(engine)
+            return engine.stats()["m"]
+
+    stats = anyio.run(main)
+    assert stats.attention_backend == "torch" and stats.cuda_graph_batch_sizes == []
+
+
+@pytest.mark.gpu
 @needs_gpu
-def test_two_models_on_one_gpu_route_and_free_everything(gpu_pair):
-    specs = {name: ModelSpec(path=p, device="cuda:0", kv_cache_tokens=4096) for name, p in gpu_pair.items()}
+def test_two_models_on_one_gpu_route_and_free_everything(gpu_pair, prefill_backend):
+    specs = {
+        name: ModelSpec(path=p, device="cuda:0", kv_cache_tokens=4096, prefill_backend=prefill_backend)
+        for name, p in gpu_pair.items()
+    }
 
     async def main():
         async with Engine(models=specs, policy=RStitch(tau=0.2, small="small", large="large")) as engine:
