@@ -16,7 +16,15 @@ docs/gpu.md says how the pieces fit. scripts/gpu_wheels.sh and scripts/gpu_check
                          own packages: every Requires-Dist of tokenrouter[gpu] and of each wheel is met
   travel-size            bytes of what a device `run` sends: the working tree plus the carried paths
   check-env              (GPU) versions, the GPU, and every requirement met by what is importable
-  warm                   (GPU) build our flashinfer kernels in one parallel ninja run, then load them
+  complete               (no wheel, no network) every requirement of tokenrouter, of [gpu] and of each carried
+                         wheel (as scripts/gpu_wheels_requires.txt records them) is met by the GPU machine's
+                         packages (scripts/gpu_machine.txt) or the kit's pins (scripts/gpu_wheels.txt)
+  record-requires DIR    rewrite scripts/gpu_wheels_requires.txt from the wheels' METADATA (verify-wheels checks it)
+  max-jobs               how many nvcc jobs the JIT may run at once: the cores, fewer if memory is short
+  preflight              (GPU) a pinned allocation, a one-kernel CUDA graph captured and replayed on a side
+                         stream, and `import flashinfer`; exit 0 all well, 1 a CUDA part failed, 2 flashinfer
+  warm --part fa2|fa3    (GPU) build one part of our flashinfer kernels in one parallel ninja run, then load it:
+                         fa2 the page append and FA2 (decode, short prefill), fa3 FA3 (prefill rows over 64)
   jit-report             (GPU) the flashinfer modules built so far, and any the warm-up did not foresee
   summary                (GPU) the summary JSON: stages, their times, the attention backend, the results
 
@@ -43,6 +51,21 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PINS = ROOT / "scripts" / "gpu_wheels.txt"
 MACHINE = ROOT / "scripts" / "gpu_machine.txt"
+REQUIRES = ROOT / "scripts" / "gpu_wheels_requires.txt"
+# PEP 508 marker values of the GPU machine (CPython 3.12, Linux x86_64), for the offline completeness check
+TARGET_MARKERS = {
+    "python_version": "3.12",
+    "python_full_version": "3.12.3",
+    "implementation_name": "cpython",
+    "implementation_version": "3.12.3",
+    "platform_python_implementation": "CPython",
+    "platform_system": "Linux",
+    "platform_machine": "x86_64",
+    "sys_platform": "linux",
+    "os_name": "posix",
+    "platform_release": "",
+    "platform_version": "",
+}
 TRAVEL_LIMIT = 64 << 20  # bytes a device `run` may send (working tree + carried paths)
 COMMAND_LIMIT = 2000  # characters of a device `run` command
 PY_TAGS = ["--python-version", "3.12", "--implementation", "cp", "--abi", "cp312"]
@@ -97,9 +120,21 @@ KEEP_WHOLE = (
 # The attention kernels tokenrouter's flashinfer backend asks for (engine/attention/flashinfer_paged.py): bfloat16
 # queries and pages, int32 indices, no positional encoding in the kernel, no logit soft cap. (head_dim,
 # sliding window) of the models the kit runs: the gpu tests' pair (64, with and without a window) and the
-# demo pair's shapes (small 64, large 128). Decode runs on tensor cores (GQA groups >= 4): the FA2 prefill
-# module; prefill runs on what flashinfer picks for the device (FA3 on Hopper).
-WARM_CONFIGS = [(64, False), (64, True), (128, False)]
+# demo pair's shapes (small 64, large 128, no window). Decode runs on tensor cores (GQA groups >= 4; bf16
+# decode then always takes FA2's prefill module, flashinfer/decode.py). Prefill, under flashinfer 0.7.4's
+# rule (BatchPrefillWithPagedKVCacheWrapper._determine_auto_backend): FA3 on Hopper, except that a step whose
+# longest query row is 64 tokens or fewer runs FA2. The gpu tests' windowed step has rows of at most 5 tokens,
+# and the demo pair has no window: FA3 with a window never runs, so it is not built. Stage jit-fa2 builds
+# WARM_FA2 (decode and short prefill rows; without it the run falls back to torch), then jit-fa3 WARM_FA3
+# (rows over 64 tokens: the engine's load-time self-test, the benchmarks' prompts; without it prefill is
+# forced to FA2, prefill_backend="fa2", and FA3 is never asked for).
+WARM_FA2 = [(64, False), (64, True), (128, False)]
+WARM_FA3 = [(64, False), (128, False)]
+# Peak resident memory of one nvcc job of the JIT, measured here (nvcc 13.0.88, the JIT's flags for sm_90a,
+# head_dim 128): an FA3 kernel instantiation 3.5 GiB, FA3's batch_prefill_sm90.cu 1.7 GiB, an FA2 kernel
+# 0.46 GiB. `max-jobs` allows 4 GiB a job and keeps MEM_RESERVE free for the random-weight pair written beside.
+NVCC_JOB_BYTES = 4 << 30
+MEM_RESERVE = 16 << 30
 INCLUDE_RE = re.compile(r'^[ \t]*#[ \t]*include[ \t]*([<"])([^>"\n]+)[>"]', re.M)
 MACRO_INCLUDE_RE = re.compile(r"^[ \t]*#[ \t]*include[ \t]+[A-Za-z_]", re.M)
 
@@ -148,6 +183,144 @@ def sha256(path: Path) -> str:
         return hashlib.file_digest(f, "sha256").hexdigest()  # Python 3.11+: both machines of the kit
 
 
+# ---- completeness, offline ---------------------------------------------------------------------------
+def requires_lines(metadata: str) -> list[str]:
+    """The Requires-Python and Requires-Dist lines of a METADATA file's header, verbatim."""
+    header = metadata.split("\n\n", 1)[0]
+    return [ln.strip() for ln in header.splitlines() if ln.startswith(("Requires-Dist:", "Requires-Python:"))]
+
+
+def wheel_metadata(path: Path) -> str:
+    with zipfile.ZipFile(path) as z:
+        names = [n for n in z.namelist() if n.endswith(".dist-info/METADATA") and n.count("/") == 1]
+        if len(names) != 1:
+            raise SystemExit(f"{path.name}: {len(names)} METADATA files")
+        return z.read(names[0]).decode()
+
+
+def read_requires(path: Path | None = None) -> dict[str, tuple[str, list[str]]]:
+    """{normalized name: (the carried wheel's version, its Requires-* lines)} from the record (REQUIRES unless
+    `path`): a `[name==version]` line, then that wheel's METADATA lines."""
+    path = path or REQUIRES
+    out: dict[str, tuple[str, list[str]]] = {}
+    current = None
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        m = re.fullmatch(r"\[([A-Za-z0-9_.-]+)==(\S+)\]", line)
+        if m:
+            current = norm(m[1])
+            out[current] = (m[2], [])
+        elif current is None or not line.startswith(("Requires-Dist:", "Requires-Python:")):
+            raise SystemExit(f"{path}: cannot read {line!r}")
+        else:
+            out[current][1].append(line)
+    return out
+
+
+def format_requires(wheels: list[Path]) -> str:
+    lines = [
+        "# The Requires-Python and Requires-Dist lines of each wheel the GPU kit carries, verbatim from its METADATA",
+        "# (flashinfer's: the trimmed copy's). `gpu_kit.py complete` (tests/test_gpu_kit_complete.py, offline) reads",
+        "# them; `gpu_kit.py verify-wheels` (gpu_wheels.sh, the dry run) checks them against the built wheels.",
+        "# Written by `python scripts/gpu_kit.py record-requires .whl` after a pin changes.",
+    ]
+    for w in sorted(wheels, key=lambda w: wheel_name(w)[0]):
+        name, version = wheel_name(w)
+        lines += ["", f"[{name}=={version}]", *requires_lines(wheel_metadata(w))]
+    return "\n".join(lines) + "\n"
+
+
+def cmd_record_requires(args) -> int:
+    REQUIRES.write_text(format_requires(sorted(Path(args.dir).glob("*.whl"))))
+    say(f"wrote {REQUIRES.relative_to(ROOT)}")
+    return 0
+
+
+def check_complete(
+    deps: list[str],
+    gpu: list[str],
+    pins: dict[str, tuple[str, str]],
+    machine: dict[str, str],
+    recorded: dict[str, tuple[str, list[str]]],
+) -> tuple[list[str], dict[str, str]]:
+    """(problems, {name: "kit VERSION" or "machine VERSION"}): every requirement of tokenrouter (`deps`), of its
+    [gpu] extra and, transitively, of each carried wheel (its recorded Requires-Dist, with the extras asked for),
+    markers evaluated for the GPU machine, is met by a carried wheel (the kit's pins; it shadows the machine's
+    copy) or by the machine's own package, at a version the specifier allows. The machine's own packages are
+    taken as installed consistently (their dependencies are not followed)."""
+    from packaging.requirements import Requirement
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    problems: list[str] = []
+    carried: dict[str, str] = {}
+    for name, (version, _) in pins.items():
+        rec = recorded.get(name)
+        if rec is None:
+            problems.append(f"{name}=={version} is pinned, but {REQUIRES.name} does not record its Requires-Dist")
+            carried[name] = version
+            continue
+        if Version(rec[0]).public != Version(version).public:
+            problems.append(f"{name}: {REQUIRES.name} records version {rec[0]}, {PINS.name} pins {version}")
+        carried[name] = rec[0]
+    problems += [f"{n}: recorded in {REQUIRES.name} but not pinned in {PINS.name}" for n in recorded if n not in pins]
+    met: dict[str, str] = {}
+    todo = [("tokenrouter", r, ()) for r in deps] + [("tokenrouter[gpu]", r, ()) for r in gpu]
+    expanded: set[tuple[str, tuple[str, ...]]] = set()
+    while todo:
+        owner, text, owner_extras = todo.pop(0)
+        req = Requirement(text)
+        if req.marker is not None and not any(
+            req.marker.evaluate({**TARGET_MARKERS, "extra": e}) for e in ("", *owner_extras)
+        ):
+            continue
+        name = norm(req.name)
+        if name in carried:
+            have, where = carried[name], "kit"
+        elif name in machine:
+            have, where = machine[name], "machine"
+        else:
+            problems.append(
+                f"{owner} requires {text}: neither the GPU machine ({MACHINE.name}) nor the kit ({PINS.name}) has "
+                f"{req.name}"
+            )
+            continue
+        met[name] = f"{where} {have or '(version not recorded)'}"
+        if req.specifier:
+            if not have:
+                problems.append(f"{owner} requires {text}: the machine's {name} version is not recorded")
+            elif not req.specifier.contains(have, prereleases=True):
+                problems.append(f"{owner} requires {text}: the {where} has {name} {have}")
+        key = (name, tuple(sorted(req.extras)))
+        if where != "kit" or key in expanded or name not in recorded:
+            continue
+        expanded.add(key)
+        for line in recorded[name][1]:
+            field, _, value = line.partition(":")
+            value = value.strip()
+            if field == "Requires-Python":
+                if not SpecifierSet(value).contains(TARGET_MARKERS["python_full_version"]):
+                    problems.append(f"{name} {have} requires Python {value}: the machine has 3.12")
+            else:
+                todo.append((name, value, key[1]))
+    return problems, met
+
+
+def cmd_complete(args) -> int:
+    _, deps, extras = project_requirements()
+    problems, met = check_complete(deps, extras.get("gpu", []), read_pins(), read_machine(), read_requires())
+    kit = sorted(n for n, w in met.items() if w.startswith("kit"))
+    say(
+        f"complete (offline; Python 3.12 Linux x86_64): {len(met)} distributions needed by tokenrouter[gpu] and the "
+        f"carried wheels; from the kit: {', '.join(kit)}; the rest from the machine"
+    )
+    for p in problems:
+        say(f"FAIL: {p}")
+    return 1 if problems else 0
+
+
 # ---- the JIT probe (CPU) ------------------------------------------------------------------------------
 def probe_specs():
     """Every module whose sources the trimmed wheel keeps: the warm set, plus the FA2 variants flashinfer may
@@ -172,27 +345,34 @@ def probe_specs():
     return specs
 
 
-def warm_specs(device=None, prefill_backend: str | None = None):
-    """The modules the engine builds on this device for WARM_CONFIGS: the page append, FA2 (tensor-core
-    decode, and prefill off Hopper) and the prefill module flashinfer picks for `device` (FA3 on Hopper);
-    without a device, `prefill_backend` says which (the CPU probe: "fa3", the H200's)."""
+def warm_specs(part: str, device=None, prefill_backend: str | None = None):
+    """The modules the engine builds on this device, by part. "fa2": the page append and FA2's module for
+    each of WARM_FA2 (tensor-core decode, prefill rows of 64 tokens or fewer, all prefill off Hopper). "fa3":
+    FA3's module for each of WARM_FA3 where flashinfer picks FA3 for `device` (Hopper); without a device,
+    `prefill_backend` says whether it does (the CPU probe: "fa3", the H200's)."""
     import torch
     from flashinfer.jit.attention import modules as m
     from flashinfer.jit.page import gen_page_module
     from flashinfer.utils import determine_attention_backend
 
     bf = torch.bfloat16
-    specs = [gen_page_module()]
-    for head_dim, window in WARM_CONFIGS:
-        a = (bf, bf, bf, torch.int32, head_dim, head_dim, 0, window, False, False)
-        specs.append(m._gen_batch_prefill_primary_module("fa2", *a))
+
+    def args(head_dim, window):
+        return (bf, bf, bf, torch.int32, head_dim, head_dim, 0, window, False, False)
+
+    if part == "fa2":
+        return [gen_page_module()] + [m._gen_batch_prefill_primary_module("fa2", *args(*c)) for c in WARM_FA2]
+    if part != "fa3":
+        raise ValueError(f"part is fa2 or fa3, not {part!r}")
+    specs = []
+    for head_dim, window in WARM_FA3:
         backend = prefill_backend
         if device is not None:
             backend = determine_attention_backend(
                 device, 0, False, False, bf, bf, head_dim_qk=head_dim, head_dim_vo=head_dim
             )
         if backend == "fa3":
-            specs.append(m.gen_batch_prefill_module("fa3", *a))
+            specs.append(m.gen_batch_prefill_module("fa3", *args(head_dim, window)))
     return specs
 
 
@@ -266,7 +446,7 @@ def cmd_probe(args) -> int:
     import_s = time.perf_counter() - t0
     cuda_home = os.environ["CUDA_HOME"]
     specs = probe_specs()
-    warm = [s.name for s in warm_specs(prefill_backend="fa3")]
+    warm = [s.name for part in ("fa2", "fa3") for s in warm_specs(part, prefill_backend="fa3")]
     not_kept = sorted(set(warm) - {s.name for s in specs})
     files: set[Path] = set()
     missing: set[str] = set()
@@ -513,13 +693,13 @@ def cmd_check_trimmed(args) -> int:
     if absent:
         problems.append(f"files missing: {absent[:10]}")
     if probe["warm_not_kept"]:
-        problems.append(f"the jit stage would build modules whose sources are not kept: {probe['warm_not_kept']}")
+        problems.append(f"the jit stages would build modules whose sources are not kept: {probe['warm_not_kept']}")
     say(
         f"trimmed flashinfer {probe['flashinfer']}: imports in {probe['import_s']} s; {len(probe['specs'])} JIT specs "
         f"generated with their ninja files; their #include closure: {len(probe['files'])} files "
         f"({probe['files_bytes'] / 1e6:.1f} MB), all present; unresolved only the toolkit's "
         f"({len(probe['unresolved_includes'])} names, e.g. {', '.join(probe['unresolved_includes'][:4])}); the jit "
-        f"stage's {len(probe['warm'])} modules (on an H200) among them"
+        f"stages' {len(probe['warm'])} modules (on an H200) among them"
     )
     pre = probe["nvcc_preprocessed"]
     if pre is not None:
@@ -587,6 +767,21 @@ def cmd_verify_wheels(args) -> int:
             problems.append(f"{by_name[name][0].name}: not pinned in {PINS.name}")
     for w in wheels:
         problems += verify_record(w)
+    recorded = read_requires() if REQUIRES.is_file() else {}
+    for w in wheels:
+        name, version = wheel_name(w)
+        rec = recorded.get(name)
+        lines = requires_lines(wheel_metadata(w))
+        if rec is None or rec[0] != version or sorted(rec[1]) != sorted(lines):
+            only_wheel = sorted(set(lines) - set(rec[1] if rec else []))
+            only_record = sorted(set(rec[1] if rec else []) - set(lines))
+            problems.append(
+                f"{w.name}: {REQUIRES.name} does not record its METADATA"
+                + (f" (records version {rec[0]})" if rec and rec[0] != version else "")
+                + (f"; only in the wheel: {only_wheel}" if only_wheel else "")
+                + (f"; only in the record: {only_record}" if only_record else "")
+                + f" (python scripts/gpu_kit.py record-requires {Path(args.dir)} rewrites it)"
+            )
     total = sum(w.stat().st_size for w in wheels)
     for w in wheels:
         say(f"  {w.stat().st_size / 2**20:8.2f} MiB  {w.name}")
@@ -761,6 +956,7 @@ def cmd_check_env(args) -> int:
         "ninja",
         "flashinfer-python",
         "apache-tvm-ffi",
+        "xgrammar",
         "pydantic",
     ):
         try:
@@ -798,9 +994,111 @@ def cmd_check_env(args) -> int:
     return 1 if problems else 0
 
 
+def max_jobs(cores: int, mem_available: int | None, per_job: int = NVCC_JOB_BYTES, reserve: int = MEM_RESERVE) -> int:
+    """nvcc jobs the JIT may run at once: one a core, fewer where the memory left after `reserve` does not hold
+    `per_job` bytes for each (at least one). Unknown memory: the cores."""
+    if mem_available is None:
+        return max(1, cores)
+    return max(1, min(cores, (mem_available - reserve) // per_job))
+
+
+def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def cmd_max_jobs(args) -> int:
+    cores = args.cores or os.cpu_count() or 1
+    print(max_jobs(cores, mem_available()))
+    return 0
+
+
+def preflight() -> tuple[int, dict]:
+    """(exit status, report): 0 all well, 1 a CUDA part failed (flashinfer imports), 2 flashinfer failed to import.
+    Each part is timed and any exception kept with its traceback's last lines."""
+    import traceback
+
+    report: dict = {}
+
+    def part(name, fn):
+        t0 = time.perf_counter()
+        try:
+            report[name] = {"ok": True, **(fn() or {})}
+        except BaseException as e:  # noqa: BLE001 - the pre-flight reports every failure, whatever its kind
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            report[name] = {
+                "ok": False,
+                "error": f"{type(e).__name__}: {e}",
+                "traceback": traceback.format_exc()[-3000:],
+            }
+        report[name]["s"] = round(time.perf_counter() - t0, 2)
+
+    def pinned():
+        import torch
+
+        host = torch.arange(1 << 20, dtype=torch.int32).pin_memory()  # 4 MiB, page-locked
+        dev = host.to("cuda", non_blocking=True)
+        back = torch.empty_like(host).pin_memory()
+        back.copy_(dev, non_blocking=True)
+        torch.cuda.synchronize()
+        if not torch.equal(back, host):
+            raise RuntimeError("a pinned round trip through the GPU changed the data")
+        return {"bytes": host.numel() * 4, "device": torch.cuda.get_device_name(0)}
+
+    def graph():
+        import torch
+
+        side = torch.cuda.Stream()
+        x = torch.ones(4096, device="cuda")
+        y = torch.empty_like(x)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            torch.mul(x, 2, out=y)  # the warm-up, on the stream that captures
+        side.synchronize()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g, stream=side, capture_error_mode="thread_local"):
+            torch.mul(x, 2, out=y)  # one kernel
+        x.fill_(3.0)  # on the current stream: the side stream waits for it
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            g.replay()
+        side.synchronize()
+        if float(y[0]) != 6.0 or float(y[-1]) != 6.0:
+            raise RuntimeError(f"the replayed graph wrote {float(y[0])}, not 6.0")
+        return {"stream": "side", "capture_error_mode": "thread_local"}
+
+    def flashinfer():
+        import flashinfer
+
+        return {"version": flashinfer.__version__, "file": flashinfer.__file__}
+
+    part("pinned", pinned)
+    part("graph", graph)
+    part("flashinfer", flashinfer)
+    rc = 2 if not report["flashinfer"]["ok"] else 0 if report["pinned"]["ok"] and report["graph"]["ok"] else 1
+    return rc, report
+
+
+def cmd_preflight(args) -> int:
+    rc, report = preflight()
+    for name, r in report.items():
+        say(f"preflight {name}: " + ("ok" if r["ok"] else f"FAILED: {r['error']}") + f" ({r['s']} s)")
+        if not r["ok"]:
+            say(r["traceback"])
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rc": rc, **report}, indent=1))
+    return rc
+
+
 def cmd_warm(args) -> int:
-    """Build every flashinfer module the kit's runs need in one ninja run over all cores (flashinfer would
-    otherwise build each at first use, one after the other), then load each."""
+    """Build one part of the flashinfer modules the kit's runs need in one ninja run, MAX_JOBS nvcc jobs at
+    once (flashinfer would otherwise build each at first use, one after the other), then load each."""
     import torch
 
     t0 = time.perf_counter()
@@ -808,37 +1106,53 @@ def cmd_warm(args) -> int:
     from flashinfer.jit.core import build_jit_specs
 
     device = torch.device("cuda:0")
-    specs = warm_specs(device)
+    specs = warm_specs(args.part, device)
     say(
-        f"warm: flashinfer {flashinfer.__version__} imported in {time.perf_counter() - t0:.1f} s; building "
-        f"{len(specs)} modules with MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}:"
+        f"warm {args.part}: flashinfer {flashinfer.__version__} imported in {time.perf_counter() - t0:.1f} s; building "
+        f"{len(specs)} modules with MAX_JOBS={os.environ.get('MAX_JOBS', 'ninja default')}, "
+        f"FLASHINFER_NVCC_THREADS={os.environ.get('FLASHINFER_NVCC_THREADS', '1 (default)')}:"
     )
     for s in specs:
         say(f"  {s.name}")
     t1 = time.perf_counter()
-    build_jit_specs(specs, verbose=False)
+    if specs:
+        build_jit_specs(specs, verbose=False)
     t2 = time.perf_counter()
     for s in specs:
         s.build_and_load()
     t3 = time.perf_counter()
-    result = {"modules": [s.name for s in specs], "build_s": round(t2 - t1, 1), "load_s": round(t3 - t2, 1)}
-    say(f"warm: built in {t2 - t1:.0f} s, loaded in {t3 - t2:.1f} s")
+    result = {
+        "part": args.part,
+        "modules": [s.name for s in specs],
+        "build_s": round(t2 - t1, 1),
+        "load_s": round(t3 - t2, 1),
+    }
+    say(f"warm {args.part}: built in {t2 - t1:.0f} s, loaded in {t3 - t2:.1f} s")
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
     return 0
+
+
+def jit_report(built: list[str], warm_reports: list[dict], prefill_backend: str) -> dict:
+    """What the JIT built against what the jit stages foresaw: `not_in_warm` (a module then compiled inside a
+    timed stage: it belongs in WARM_FA2 or WARM_FA3) and `warm_missing` (foreseen but not built)."""
+    warmed = [m for r in warm_reports for m in r.get("modules", [])]
+    return {
+        "prefill_backend": prefill_backend,
+        "built": built,
+        "warmed": warmed,
+        "not_in_warm": [m for m in built if m not in warmed],
+        "warm_missing": [m for m in warmed if m not in built],
+        "fa3_built": [m for m in built if m.endswith("_sm90")],
+    }
 
 
 def cmd_jit_report(args) -> int:
     from flashinfer.jit import env
 
     built = sorted(p.parent.name for p in env.FLASHINFER_JIT_DIR.glob("*/*.so"))
-    warmed = (
-        json.loads(Path(args.warm_json).read_text())["modules"]
-        if args.warm_json and Path(args.warm_json).is_file()
-        else []
-    )
-    later = [m for m in built if m not in warmed]
-    out = {"jit_dir": str(env.FLASHINFER_JIT_DIR), "built": built, "not_in_warm": later}
+    reports = [json.loads(Path(w).read_text()) for w in args.warm_json if Path(w).is_file()]
+    out = {"jit_dir": str(env.FLASHINFER_JIT_DIR), **jit_report(built, reports, args.prefill_backend)}
     say(json.dumps(out, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
@@ -863,6 +1177,8 @@ def cmd_summary(args) -> int:
                 extra[key] = p.read_text()[-2000:]
     summary = {
         "attention_backend": args.attention,
+        "prefill_backend": args.prefill_backend if args.attention == "flashinfer" else None,
+        "fallbacks": args.fallback,
         "total_s": args.wall if args.wall is not None else round(sum(s["wall_s"] for s in stages), 1),
         "stages": stages,
         "results": sorted(p.name for p in out_dir.glob("*.json") if p.name != "summary.json"),
@@ -877,7 +1193,10 @@ def cmd_summary(args) -> int:
     say(
         f"  {'total':<{width}}  {summary['total_s']:6.1f} s (models runs beside jit); "
         f"attention backend: {args.attention}"
+        + (f", prefill {args.prefill_backend}" if args.attention == "flashinfer" else "")
     )
+    for f in args.fallback:
+        say(f"  !! {f}")
     return 0
 
 
@@ -928,8 +1247,27 @@ def main(argv: list[str] | None = None) -> int:
         ("--site", {"default": None, "help": "where the carried wheels must be imported from"}),
         ("--json",),
     )
-    command("warm", cmd_warm, "(GPU) build and load our flashinfer kernels", ("--json",))
-    command("jit-report", cmd_jit_report, "(GPU) the flashinfer modules built", ("--warm-json",), ("--json",))
+    command("complete", cmd_complete, "every requirement met by the machine's packages or the kit's pins (offline)")
+    command("record-requires", cmd_record_requires, f"rewrite {REQUIRES.name} from the wheels in DIR", ("dir",))
+    command("max-jobs", cmd_max_jobs, "nvcc jobs the JIT may run at once", ("--cores", {"type": int, "default": None}))
+    command(
+        "preflight", cmd_preflight, "(GPU) pinned memory, a CUDA graph on a side stream, import flashinfer", ("--json",)
+    )
+    command(
+        "warm",
+        cmd_warm,
+        "(GPU) build and load one part of our flashinfer kernels",
+        ("--part", {"choices": ["fa2", "fa3"], "required": True}),
+        ("--json",),
+    )
+    command(
+        "jit-report",
+        cmd_jit_report,
+        "(GPU) the flashinfer modules built",
+        ("--warm-json", {"nargs": "*", "default": []}),
+        ("--prefill-backend", {"default": "auto"}),
+        ("--json",),
+    )
     command(
         "summary",
         cmd_summary,
@@ -937,6 +1275,8 @@ def main(argv: list[str] | None = None) -> int:
         ("--out", {"required": True}),
         ("--stages", {"required": True}),
         ("--attention", {"required": True}),
+        ("--prefill-backend", {"default": "auto", "help": "auto, or fa2 where FA3 failed to build"}),
+        ("--fallback", {"action": "append", "default": [], "help": "a stage that degraded the run, and how"}),
         ("--include", {"nargs": "*", "default": [], "help": "KEY=FILE: a JSON file to include under KEY"}),
         ("--wall", {"type": float, "default": None, "help": "the whole run's seconds (stages may overlap)"}),
     )

@@ -12,7 +12,9 @@
 #    tree, only the CUDA sources our kernels' JIT reaches, a fresh RECORD;
 # 4. packs the demo pair's tokenizer from the store into .whl/tokenizer.tar.xz when the store has it
 #    (bench_gpu.py --random-weights then runs the real vocabulary; without it, a small one);
-# 5. checks the set (RECORDs, pins) and prints each wheel's size and the size of what travels.
+# 5. checks the set (RECORDs, pins, and that scripts/gpu_wheels_requires.txt, which the offline completeness
+#    test reads, records each wheel's Requires-Dist: `gpu_kit.py record-requires .whl` rewrites it after a pin
+#    changes) and prints each wheel's size and the size of what travels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}

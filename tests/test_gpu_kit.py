@@ -53,15 +53,18 @@ def test_dry_run_passes():
     done = _dry_run()
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     for check in (
+        "complete:",
         "wheels:",
         "requirements:",
         "stage install:",
         "flashinfer:",
         "size:",
         "command:",
+        "stage preflight",
         "stage env",
         "stage tests",
         "stages routed, single, eager",
+        "stages with prefill forced to FA2",
         "stage summary",
     ):
         assert f"PASS {check}" in done.stdout, check
@@ -73,6 +76,7 @@ def test_dry_run_without_wheels_passes():
     done = _dry_run("--without-wheels")
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-2000:]
     assert "skipping the wheel set" in done.stdout
+    assert "PASS complete:" in done.stdout and "PASS stage preflight" in done.stdout
     assert "dry run: every check passed" in done.stdout
 
 
@@ -163,3 +167,22 @@ def test_summary_lists_the_stages_with_their_times(tmp_path):
     assert [s["stage"] for s in summary["stages"]] == ["install", "jit", "tests"]
     assert summary["stages"][1]["rc"] == 124 and summary["total_s"] == 420
     assert summary["attention_backend"] == "torch" and summary["results"] == ["routed.json"]
+    assert summary["prefill_backend"] is None and summary["fallbacks"] == []
+    args = ["--out", str(tmp_path), "--stages", str(stages), "--attention", "flashinfer", "--prefill-backend", "fa2"]
+    assert kit.main(["summary", *args, "--fallback", "prefill fa2: FA3 failed to build (exit 1)"]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["prefill_backend"] == "fa2" and summary["fallbacks"] == ["prefill fa2: FA3 failed to build (exit 1)"]
+
+
+@pytest.mark.skipif(not HAVE_WHEELS, reason=NO_WHEELS)
+def test_verify_wheels_checks_the_recorded_requirements(tmp_path, capsys):
+    """The record the offline completeness check reads must be the built wheels' METADATA."""
+    kit = _kit()
+    assert kit.main(["verify-wheels", str(WHEELS)]) == 0
+    record = tmp_path / "gpu_wheels_requires.txt"
+    record.write_text(kit.REQUIRES.read_text().replace("Requires-Dist: apache-tvm-ffi>=0.1.11\n", ""))
+    kit.REQUIRES = record
+    capsys.readouterr()
+    assert kit.main(["verify-wheels", str(WHEELS)]) == 1
+    out = capsys.readouterr().out
+    assert "FAIL: xgrammar-0.2.9-" in out and "only in the wheel: ['Requires-Dist: apache-tvm-ffi>=0.1.11']" in out
