@@ -2,25 +2,29 @@
 its load-time self-test leaves `attention_backend="auto"` on torch's backend (and fails the load
 when asked for by name), `prefill_backend` reaches flashinfer's prefill wrapper, a failed CUDA-graph
 capture is reported with its reason, float32 checkpoints compute in half precision on a GPU, each
-wrapper's plan waits for its previous plan's copy, and a step's indices reach the device in one copy.
+wrapper's plan waits for its previous plan's copy, a step's indices reach the device in one copy,
+and a step's pieces (its paged layout, the padding of a decode step, the backend's plan and a
+layer's attention, eager and for a graph) sync with the host no more than that.
 
-The flashinfer here is a stand-in written for these tests: paged attention as flashinfer documents
-it, in plain torch, so the backend's self-test computes and checks real answers on CPU.
+flashinfer here is its 0.7.4 contract fake (tokenrouter/testing/flashinfer_fake.py), which computes
+paged attention in plain torch, so the backend's self-test computes and checks real answers on CPU;
+the failing kernels are that fake with a failure added. The device is the stand-in accelerator
+(tokenrouter/testing/accelerator.py): tensors that hold CPU data, whose uploads and host reads are
+counted, so a step's values are compared with the CPU's and its host syncs are pinned.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.abc
+import inspect
 import logging
 import random
 import sys
-import weakref
 
 import anyio
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
-from torch.utils._pytree import tree_flatten
 
 from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single
@@ -35,94 +39,51 @@ from tokenrouter.engine.model.runner import ModelRunner
 from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.errors import ModelLoadError
+from tokenrouter.testing.accelerator import StandInAccelerator
+from tokenrouter.testing.flashinfer_fake import FakeFlashInfer
 
 LIBCUDART = "libcudart.so.13: cannot open shared object file: No such file or directory"
 NO_KERNEL = "CUDA error: no kernel image is available for execution on the device"
 
 
-# ---- a flashinfer stand-in --------------------------------------------------------------------
-def _attend(q, k_pages, v_pages, qo_indptr, kv_indptr, kv_indices, last_page_len, window_left, scale):
-    """Row r's queries are the last tokens of its pages' context (causal, bottom-right)."""
-    out = torch.empty_like(q)
-    page = k_pages.shape[1]
-    for r in range(len(last_page_len)):
-        q0, q1 = int(qo_indptr[r]), int(qo_indptr[r + 1])
-        pages = kv_indices[int(kv_indptr[r]) : int(kv_indptr[r + 1])].long()
-        ctx = (len(pages) - 1) * page + int(last_page_len[r])
-        kr = k_pages[pages].reshape(-1, *k_pages.shape[2:])[:ctx]
-        vr = v_pages[pages].reshape(-1, *v_pages.shape[2:])[:ctx]
-        group = q.shape[1] // kr.shape[1]
-        kr, vr = kr.repeat_interleave(group, 1), vr.repeat_interleave(group, 1)
-        scores = torch.einsum("thd,chd->htc", q[q0:q1], kr) * scale
-        back = torch.arange(ctx - (q1 - q0), ctx)[:, None] - torch.arange(ctx)[None, :]
-        allowed = (back >= 0) & ((back <= window_left) if window_left >= 0 else True)
-        out[q0:q1] = torch.einsum("htc,chd->thd", scores.masked_fill(~allowed, float("-inf")).softmax(-1), vr)
-    return out
+# ---- flashinfer that fails as a GPU without its build fails -----------------------------------
+DECODE, PREFILL = "BatchDecodeWithPagedKVCacheWrapper", "BatchPrefillWithPagedKVCacheWrapper"
 
 
-class StandIn:
-    """A fake `flashinfer` module for the calls the backend makes. `broken`: "prefill" raises in
-    the prefill kernel as a GPU without its build would; "wrong" returns zeros. `log` records
-    (what, id of the wrapper, detail) in call order."""
+class BrokenFlashInfer(FakeFlashInfer):
+    """The contract fake with failing kernels: `raises` names the wrapper whose run() raises as on a
+    GPU its build has no kernels for (once 0.7.4's checks pass and the call is recorded); `wrong`
+    makes every run() return zeros."""
 
-    def __init__(self, broken: str | None = None):
-        self.broken = broken
-        self.log: list[tuple[str, int, object]] = []
-        stand_in = self
+    def __init__(self, raises: str | None = None, wrong: bool = False):
+        super().__init__()
+        for name in (DECODE, PREFILL):
+            setattr(self, name, _failing(getattr(self, name), raises=name == raises, wrong=wrong))
 
-        class Decode:
-            def __init__(self, workspace, kv_layout="NHD", use_cuda_graph=False, use_tensor_cores=False, **buffers):
-                assert kv_layout == "NHD" and not use_cuda_graph
 
-            def plan(self, indptr, indices, last, qo_heads, kv_heads, head_dim, page_size, **kw):
-                stand_in.log.append(("plan", id(self), "decode"))
-                self.plan_ = (torch.arange(len(last) + 1), indptr.clone(), indices.clone(), last.clone())
-                self.args = (kw.get("window_left", -1), kw.get("sm_scale") or head_dim**-0.5)
-
-            def run(self, q, kv, out=None):
-                return stand_in.compute("decode", q, kv, self.plan_, self.args, out)
-
-        class Prefill:
-            def __init__(self, workspace, kv_layout="NHD", backend="auto"):
-                stand_in.log.append(("new prefill", id(self), backend))
-
-            def plan(self, qo_indptr, indptr, indices, last, qo_heads, kv_heads, head_dim, page_size, **kw):
-                assert kw["causal"]
-                stand_in.log.append(("plan", id(self), "prefill"))
-                self.plan_ = (qo_indptr.clone(), indptr.clone(), indices.clone(), last.clone())
-                self.args = (kw.get("window_left", -1), kw.get("sm_scale") or head_dim**-0.5)
-
-            def run(self, q, kv, out=None):
-                return stand_in.compute("prefill", q, kv, self.plan_, self.args, out)
-
-        self.BatchDecodeWithPagedKVCacheWrapper = Decode
-        self.BatchPrefillWithPagedKVCacheWrapper = Prefill
-
-    def compute(self, kind, q, kv, plan, args, out):
-        self.log.append(("run", 0, kind))
-        if self.broken == kind:
+def _failing(wrapper: type, raises: bool, wrong: bool) -> type:
+    def run(self, *args, **kwargs):
+        out = wrapper.run(self, *args, **kwargs)
+        if raises:
             raise RuntimeError(NO_KERNEL)
-        result = torch.zeros_like(q) if self.broken == "wrong" else _attend(q, *kv, *plan, *args)
-        return result if out is None else out.copy_(result)
+        return out.zero_() if wrong else out
 
-    @staticmethod
-    def append_paged_kv_cache(k, v, batch_indices, positions, kv, kv_indices, kv_indptr, last_page_len, layout):
-        k_pages, v_pages = kv
-        page = k_pages.shape[1]
-        for t in range(k.shape[0]):
-            b, pos = int(batch_indices[t]), int(positions[t])
-            block = int(kv_indices[int(kv_indptr[b]) + pos // page])
-            k_pages[block, pos % page], v_pages[block, pos % page] = k[t], v[t]
+    return type(wrapper.__name__, (wrapper,), {"run": run})
+
+
+def _runs(lib: FakeFlashInfer) -> list[tuple[str, int]]:
+    """(wrapper, query rows) of each run() made, in order."""
+    return [(c.name.removesuffix(".run"), c.args[0].shape[0]) for c in lib.calls if c.name.endswith(".run")]
 
 
 @pytest.fixture
 def flashinfer_here(monkeypatch):
-    """flashinfer "supported" on this CPU, served by a stand-in; returns a function that installs one."""
+    """flashinfer "supported" on this CPU, served by a fake; returns a function that installs one."""
     monkeypatch.setattr(attention_choice_module, "unsupported_reason", lambda device, dtype, head_dim: None)
 
-    def install(stand_in: StandIn) -> StandIn:
-        monkeypatch.setattr(flashinfer_paged, "import_flashinfer", lambda: stand_in)
-        return stand_in
+    def install(lib: FakeFlashInfer) -> FakeFlashInfer:
+        monkeypatch.setattr(flashinfer_paged, "import_flashinfer", lambda: lib)
+        return lib
 
     return install
 
@@ -166,37 +127,39 @@ def test_flashinfer_that_raises_oserror_on_import_leaves_auto_on_torch(tiny_mode
 
 # ---- the load-time self-test ----------------------------------------------------------------
 def test_a_kernel_that_raises_in_the_self_test_leaves_auto_on_torch(tiny_model, flashinfer_here, caplog):
-    stand_in = flashinfer_here(StandIn(broken="prefill"))
+    lib = flashinfer_here(BrokenFlashInfer(raises=PREFILL))
     with caplog.at_level(logging.WARNING):
         res, stats = _serve(ModelSpec(path=tiny_model, cuda_graph_max_batch=4))
     assert all(r.error is None and len(r.token_ids) == 3 for r in res)
     assert stats.attention_backend == "torch" and stats.cuda_graph_batch_sizes == []
     assert stats.attention_fallback == f"flashinfer's load-time self-test failed: RuntimeError: {NO_KERNEL}"
     assert any(r.exc_info is not None and NO_KERNEL in r.getMessage() for r in caplog.records)
-    assert ("run", 0, "prefill") in stand_in.log  # the self-test ran the kernel that failed
+    assert (PREFILL, 8) in _runs(lib)  # the self-test ran the kernel that failed
 
     with pytest.raises(ModelLoadError, match=f"attention_backend='flashinfer'.*self-test failed.*{NO_KERNEL}"):
         _serve(ModelSpec(path=tiny_model, attention_backend="flashinfer"))
 
 
 def test_the_self_test_catches_kernels_that_compute_wrong_attention(tiny_model, flashinfer_here):
-    flashinfer_here(StandIn(broken="wrong"))
+    flashinfer_here(BrokenFlashInfer(wrong=True))
     res, stats = _serve(ModelSpec(path=tiny_model, cuda_graph_max_batch=0))
     assert all(r.error is None for r in res)
     assert stats.attention_backend == "torch" and "computed wrong attention" in stats.attention_fallback
 
 
 def test_kernels_that_pass_the_self_test_serve(tiny_model, flashinfer_here):
-    stand_in = flashinfer_here(StandIn())
+    lib = flashinfer_here(FakeFlashInfer())
     res, stats = _serve(ModelSpec(path=tiny_model, cuda_graph_max_batch=0))
     assert all(r.error is None and len(r.token_ids) == 3 for r in res)
     assert stats.attention_backend == "flashinfer" and stats.attention_fallback is None
-    runs = [d for what, _, d in stand_in.log if what == "run"]
-    assert runs[:3] == ["decode", "prefill", "prefill"]  # the self-test: decode + short prefill, then a long one
+    # the self-test: a decode row beside a short prefill row, then a prefill row past the 64 tokens
+    # up to which 0.7.4's "auto" runs FA2; then the requests
+    assert _runs(lib)[:3] == [(DECODE, 1), (PREFILL, 8), (PREFILL, 72)]
+    assert len(_runs(lib)) > 3
 
 
 def test_the_self_test_writes_only_the_scratch_block_and_leaves_the_backend_as_new(tiny_model, flashinfer_here):
-    flashinfer_here(StandIn())
+    flashinfer_here(FakeFlashInfer())
     loaded = load_model("m", ModelSpec(path=tiny_model, dtype="float64"))
     layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
     cache = KVCache(layout, 9, 4, "cpu")
@@ -216,16 +179,19 @@ def test_prefill_backend_is_validated_and_reaches_flashinfers_prefill_wrapper(ti
     assert "'auto', 'fa2' or 'fa3'" in str(e.value)
     assert ModelSpec(path=tiny_model).prefill_backend == "auto"
 
-    stand_in = flashinfer_here(StandIn())
+    lib = flashinfer_here(FakeFlashInfer())
     _, stats = _serve(ModelSpec(path=tiny_model, cuda_graph_max_batch=0, prefill_backend="fa2"))
     assert stats.attention_backend == "flashinfer"
-    made = [backend for what, _, backend in stand_in.log if what == "new prefill"]
+    made_with = inspect.signature(lib.BatchPrefillWithPagedKVCacheWrapper)  # 0.7.4's constructor
+    made = [
+        made_with.bind(*c.args, **c.kwargs).arguments.get("backend", "auto") for c in lib.calls if c.name == PREFILL
+    ]
     assert made and set(made) == {"fa2"}
 
 
 # ---- CUDA-graph capture ---------------------------------------------------------------------
 def test_a_failed_capture_is_logged_with_its_traceback_and_reported(tiny_model, flashinfer_here, monkeypatch, caplog):
-    flashinfer_here(StandIn())
+    flashinfer_here(FakeFlashInfer())
 
     def capture(self):
         raise RuntimeError("operation not permitted when stream is capturing")
@@ -277,14 +243,29 @@ def test_dtype_auto_on_a_gpu_computes_in_half_precision(tiny_model, tmp_path, ca
 
 # ---- the pinned-buffer ordering -------------------------------------------------------------
 class _Event:
-    def __init__(self, log):
-        self.log = log
+    """A CUDA event's stand-in: logs what is done to it, stamped with the number of flashinfer calls
+    made before."""
+
+    def __init__(self, lib: FakeFlashInfer, log: list):
+        self.lib, self.log = lib, log
 
     def record(self):
-        self.log.append(("record", id(self), None))
+        self.log.append((len(self.lib.calls), "record", id(self)))
 
     def synchronize(self):
-        self.log.append(("synchronize", id(self), None))
+        self.log.append((len(self.lib.calls), "synchronize", id(self)))
+
+
+def _timeline(lib: FakeFlashInfer, events: list) -> list[tuple[str, int | None]]:
+    """flashinfer's calls (name, None) and the events' (what, id), in the order they were made."""
+    merged, e = [], 0
+    for i, call in enumerate([*lib.calls, None]):
+        while e < len(events) and events[e][0] <= i:
+            merged.append(events[e][1:])
+            e += 1
+        if call is not None:
+            merged.append((call.name, None))
+    return merged
 
 
 def _seq(i: int, n: int, rng: random.Random, block_size: int, pool: list[int]) -> Sequence:
@@ -298,96 +279,221 @@ def _seq(i: int, n: int, rng: random.Random, block_size: int, pool: list[int]) -
 def test_each_wrappers_plan_waits_for_its_previous_plans_copy(flashinfer_here):
     from tokenrouter.engine.attention.flashinfer_paged import PlanFences, scratch_step
 
-    stand_in = flashinfer_here(StandIn())
+    lib = flashinfer_here(FakeFlashInfer())
     layout = KVLayout(1, 2, 16, torch.float32)
     cache = KVCache(layout, 8, 4, "cpu")
     backend = FlashInferPagedAttention(cache, 4, torch.device("cpu"))
     assert backend.fences.make_event is None  # no events off CUDA
-    backend.fences = PlanFences(torch.device("cpu"), make_event=lambda: _Event(stand_in.log))
+    events: list = []
+    backend.fences = PlanFences(torch.device("cpu"), make_event=lambda: _Event(lib, events))
     key = (-1, 0.25)
     backend.keys.append(key)
     for _ in range(3):
         backend.plan(scratch_step([1, 5], 1, 7, 4))
-    order = [(what, ident) for what, ident, _ in stand_in.log if what in ("plan", "record", "synchronize")]
-    wrappers = [backend.decode_wrappers[key], backend.prefill_wrappers[key]]
-    events = {id(w): id(backend.fences.events[id(w)]) for w in wrappers}
-    for w in wrappers:
-        mine = [what for what, ident in order if ident in (id(w), events[id(w)])]
+    assert [c.name for c in lib.calls if c.name in (DECODE, PREFILL)] == [DECODE, PREFILL]  # one wrapper each
+    order = _timeline(lib, events)
+    for w in [backend.decode_wrappers[key], backend.prefill_wrappers[key]]:
+        plan, event = f"{type(w).__name__}.plan", id(backend.fences.events[id(w)])
+        mine = ["plan" if what == plan else what for what, ident in order if what == plan or ident == event]
         # every plan is followed by its event's record, and every plan but the first preceded by its wait
         assert mine == ["plan", "record"] + ["synchronize", "plan", "record"] * 2
 
 
 # ---- one copy a step ------------------------------------------------------------------------
-class _Transfers(TorchDispatchMode):
-    """Counts host-to-device transfers onto the meta device: copies between devices, and meta
-    tensors that appear without an op this mode saw making them (`torch.tensor(data,
-    device=...)` moves its host data below the modes); `check` counts those among results too."""
+BS = 4
+BLOCKS = 64  # the last one is the scratch block padded decode rows use
 
-    def __init__(self):
-        super().__init__()
-        self.count = 0
-        self.seen: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # by id(): tensors compare by value
 
-    def check(self, *tensors) -> None:
-        for t in tree_flatten(tensors)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type == "meta" and self.seen.get(id(t)) is not t:
-                self.count += 1
-                self.seen[id(t)] = t
+def _runner(tiny_model) -> ModelRunner:
+    return ModelRunner(load_model("m", ModelSpec(path=tiny_model, dtype="float64")), None, BS)
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        self.check(args, kwargs)
-        out = func(*args, **(kwargs or {}))
-        src = args[1] if func is torch.ops.aten.copy_.default else args[0]
-        if isinstance(src, torch.Tensor) and isinstance(out, torch.Tensor) and src.device != out.device:
-            self.count += 1
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor):
-                self.seen[id(t)] = t
-        return out
+
+def _batch(lens: list[int], computed: list[int], num_new: list[int], num_decode: int) -> ScheduledBatch:
+    rng, pool = random.Random(0), list(range(BLOCKS - 1))
+    seqs = [_seq(i, n, rng, BS, pool) for i, n in enumerate(lens)]
+    for s, c in zip(seqs, computed):
+        s.num_computed = c
+    return ScheduledBatch(seqs, num_new, num_decode)
+
+
+def _mixed_batch() -> ScheduledBatch:
+    """2 decode rows, an extend row after a cached prefix, a prefill row."""
+    return _batch([9, 4, 13, 6], [8, 3, 5, 0], [1, 1, 8, 6], 2)
 
 
 def _step_tensors(step) -> list:
     meta = step.meta
-    return [step.input_ids, step.positions, step.keep, meta.slot_mapping, meta.decode_block_tables, meta.decode_mask]
+    return [
+        step.input_ids,
+        step.positions,
+        step.keep,
+        meta.slot_mapping,
+        meta.decode_block_tables,
+        meta.decode_mask,
+        meta.decode_positions,
+        meta.prefill_slots[0],
+    ]
+
+
+def _same(accel: StandInAccelerator, got: torch.Tensor, want: torch.Tensor) -> bool:
+    """`got` is on the accelerator and holds `want`'s values (a host tensor)."""
+    return accel.holds(got) and not accel.holds(want) and torch.equal(accel.peek(got), want)
 
 
 def test_a_steps_indices_reach_the_device_in_one_copy(tiny_model):
-    loaded = load_model("m", ModelSpec(path=tiny_model, dtype="float64"))
-    runner = ModelRunner(loaded, None, 4)
-    rng, pool = random.Random(0), list(range(64))
-    seqs = [_seq(i, n, rng, 4, pool) for i, n in enumerate([9, 4, 13, 6])]
-    for s, computed in zip(seqs, [8, 3, 5, 0]):  # 2 decode rows, an extend row after a prefix, a prefill row
-        s.num_computed = computed
-    batch = ScheduledBatch(seqs, [1, 1, 8, 6], 2)
-    with _Transfers() as transfers:
-        runner.prepare(batch)
-    assert transfers.count == 0  # on CPU, the host tensors are used where they are
-    runner.device = torch.device("meta")  # an accelerator's stand-in: shapes and devices, no data
-    with _Transfers() as transfers:
-        prepared = runner.prepare(batch)
-        transfers.check(_step_tensors(prepared), prepared.meta.prefill_slots)
-    assert transfers.count == 1
+    runner, batch, accel = _runner(tiny_model), _mixed_batch(), StandInAccelerator()
+    with accel:
+        with accel.syncs() as syncs:
+            runner.prepare(batch)
+        assert syncs.total == 0  # on CPU, the host tensors are used where they are
+        runner.device = accel.device
+        with accel.syncs() as syncs:
+            runner.prepare(batch)
+        assert (syncs.reads, syncs.uploads) == (0, 1), syncs.log
 
-    step = runner.prepare(batch, extra_rows=[5])
-    runner.device = torch.device("cpu")
-    on_cpu = runner.prepare(batch, extra_rows=[5])
-    meta, cpu_meta = step.meta, on_cpu.meta
-    for got, want in [
-        (step.input_ids, on_cpu.input_ids),
-        (step.positions, on_cpu.positions),
-        (step.keep, on_cpu.keep),
-        (meta.slot_mapping, cpu_meta.slot_mapping),
-        (meta.decode_block_tables, cpu_meta.decode_block_tables),
-        (meta.decode_mask, cpu_meta.decode_mask),
-        (meta.decode_positions, cpu_meta.decode_positions),
-        (meta.prefill_slots[0], cpu_meta.prefill_slots[0]),
-    ]:
-        assert got.device.type == "meta" and got.shape == want.shape and got.dtype == want.dtype
-    assert meta.prefill_slots[1] is None and cpu_meta.prefill_slots[1] is None
-    assert on_cpu.keep.tolist() == [0, 1, 9, 15, 5]  # each sampled row's last token, then the extra row
+        step = runner.prepare(batch, extra_rows=[5])
+        runner.device = torch.device("cpu")
+        on_cpu = runner.prepare(batch, extra_rows=[5])
+        assert all(_same(accel, got, want) for got, want in zip(_step_tensors(step), _step_tensors(on_cpu)))
+        assert step.meta.prefill_slots[1] is None and on_cpu.meta.prefill_slots[1] is None
+        assert on_cpu.keep.tolist() == [0, 1, 9, 15, 5]  # each sampled row's last token, then the extra row
 
-    from tokenrouter.engine.attention.device_copy import to_device
+        from tokenrouter.engine.attention.device_copy import to_device  # here: the step's count comes first
 
-    with _Transfers() as transfers:
-        moved = to_device([torch.arange(3), None, torch.ones(2, 2, dtype=torch.long)], "meta")
-    assert transfers.count == 1 and moved[1] is None and moved[2].shape == (2, 2)
+        host = [torch.arange(3), None, torch.ones(2, 2, dtype=torch.long)]
+        with accel.syncs() as syncs:
+            moved = to_device(host, accel.device)
+        assert (syncs.reads, syncs.uploads) == (0, 1) and moved[1] is None
+        assert _same(accel, moved[0], host[0]) and _same(accel, moved[2], host[2])
+
+
+# ---- a step's pieces on the accelerator -----------------------------------------------------
+def test_a_steps_paged_layout_reaches_the_device_in_one_copy(tiny_model):
+    from tokenrouter.engine.attention.paged_layout import PagedLayout
+
+    meta = _runner(tiny_model).prepare(_mixed_batch()).meta
+    accel = StandInAccelerator()
+    with accel:
+        with accel.syncs() as syncs:
+            layout = PagedLayout.from_metadata(meta, accel.device)
+        assert (syncs.reads, syncs.uploads) == (0, 1), syncs.log
+        on_cpu = PagedLayout.from_metadata(meta)
+        fields = [f.name for f in dataclasses.fields(PagedLayout) if f.name != "page_size"]
+        assert all(_same(accel, getattr(layout, f), getattr(on_cpu, f)) for f in fields)
+        with accel.syncs() as syncs:
+            assert layout.to(accel.device) is layout
+        assert syncs.total == 0
+
+
+def test_padding_a_decode_step_does_not_sync(tiny_model):
+    from tokenrouter.engine.model.cuda_graph import pad_decode, scratch_decode
+
+    runner, accel = _runner(tiny_model), StandInAccelerator()
+    batch = _batch([9, 4, 13], [8, 3, 12], [1, 1, 1], 3)
+    with accel:
+        on_cpu = runner.prepare(batch)
+        runner.device = accel.device
+        step = runner.prepare(batch)
+        with accel.syncs() as syncs:
+            ids, pos, meta = pad_decode(step.input_ids, step.positions, step.meta, 4, BLOCKS - 1)
+            scratch = scratch_decode(2, BLOCKS - 1, BS, accel.device)
+        assert syncs.total == 0, syncs.log
+        want_ids, want_pos, want = pad_decode(on_cpu.input_ids, on_cpu.positions, on_cpu.meta, 4, BLOCKS - 1)
+        assert _same(accel, ids, want_ids) and _same(accel, pos, want_pos)
+        for f in ("slot_mapping", "decode_block_tables", "decode_mask", "decode_positions"):
+            assert _same(accel, getattr(meta, f), getattr(want, f)), f
+        assert (meta.query_lens, meta.context_lens, meta.block_tables) == (
+            want.query_lens,
+            want.context_lens,
+            want.block_tables,
+        )
+        want_scratch = scratch_decode(2, BLOCKS - 1, BS, torch.device("cpu"))
+        assert _same(accel, scratch[0], want_scratch[0])
+        assert _same(accel, scratch[2].decode_mask, want_scratch[2].decode_mask)
+
+
+HEADS, KV_HEADS, DIM = 4, 2, 16
+KEY = (-1, DIM**-0.5)  # (window_left, scale) of a layer without a sliding window
+
+
+def _paged_backend(flashinfer_here, device, pages: torch.Tensor) -> FlashInferPagedAttention:
+    """The flashinfer backend over its own fake and one layer's cache holding `pages` (K, V)."""
+    flashinfer_here(FakeFlashInfer(check_values=False))  # its value checks read the host: not the step's
+    cache = KVCache(KVLayout(1, KV_HEADS, DIM, torch.float32), BLOCKS, BS, device)
+    cache.k[0].copy_(pages[0])
+    cache.v[0].copy_(pages[1])
+    backend = FlashInferPagedAttention(cache, HEADS, torch.device(device))
+    backend.keys.append(KEY)  # a layer kind seen before: plan() plans it
+    return backend
+
+
+def _plans_syncs(accel: StandInAccelerator, backend: FlashInferPagedAttention) -> list:
+    """(wrapper, syncs) of each wrapper's plan() from now on: flashinfer's own, apart from the engine's."""
+    made, plan = [], backend.fences.plan
+
+    def counted(wrapper, *args, **kwargs):
+        with accel.syncs() as syncs:
+            plan(wrapper, *args, **kwargs)
+        made.append((type(wrapper).__name__, syncs))
+
+    backend.fences.plan = counted
+    return made
+
+
+def _plan_and_attend(flashinfer_here, meta, graph_size: int | None = None):
+    """Plans `meta` and runs one layer's attention over it on the accelerator (through a decode
+    graph's buffers when `graph_size`) and eagerly on the CPU, and checks both compute the same
+    attention and append the same keys. Returns the accelerator's syncs: the plan's, those of
+    flashinfer's plans within it (`_plans_syncs`), the attention's."""
+    gen = torch.Generator().manual_seed(0)
+    tokens = sum(meta.query_lens)
+    pages = torch.randn(2, BLOCKS * BS, KV_HEADS, DIM, generator=gen)
+    q = torch.randn(tokens, HEADS, DIM, generator=gen)
+    k, v = torch.randn(2, tokens, KV_HEADS, DIM, generator=gen)
+    on_cpu = _paged_backend(flashinfer_here, "cpu", pages)
+    on_cpu.plan(meta)
+    want = on_cpu.forward(0, q, k, v, meta, KEY[1], None)
+    accel = StandInAccelerator()
+    with accel:
+        backend = _paged_backend(flashinfer_here, accel.device, accel.put(pages))
+        q, k, v = accel.put(q), accel.put(k), accel.put(v)
+        with accel.syncs() as graph_syncs:
+            backend.use_graph(graph_size, max_pages_per_row=8)
+        assert graph_syncs.total == 0, graph_syncs.log  # a graph's buffers are made on the device
+        plans = _plans_syncs(accel, backend)
+        with accel.syncs() as planned:
+            backend.plan(meta)
+        with accel.syncs() as attended:
+            got = backend.forward(0, q, k, v, meta, KEY[1], None)
+        backend.use_graph(None)
+    assert accel.holds(got) and accel.holds(backend.kv[0][0])
+    torch.testing.assert_close(accel.peek(got), want)
+    torch.testing.assert_close(accel.peek(backend.kv[0][0]), on_cpu.kv[0][0])  # the appended keys too
+    return planned, plans, attended
+
+
+def test_an_eager_steps_plan_uploads_its_layout_once_and_its_attention_does_not_sync(tiny_model, flashinfer_here):
+    meta = _runner(tiny_model).prepare(_mixed_batch()).meta  # the plan reads its host lists only
+    planned, plans, attended = _plan_and_attend(flashinfer_here, meta)
+    assert [name for name, _ in plans] == [DECODE, PREFILL]  # one plan per wrapper
+    # flashinfer's plan() moves the host index arrays it is given to the device itself: 0.7.4's
+    # `.to(self.device, non_blocking=True)` of indptr, indices, last_page_len and qo_indptr
+    assert all((s.reads, s.uploads) == (0, 4) for _, s in plans), [s.log for _, s in plans]
+    own = (planned.reads - sum(s.reads for _, s in plans), planned.uploads - sum(s.uploads for _, s in plans))
+    assert own == (0, 1), planned.log  # the engine's: the step's paged layout, in one copy
+    assert attended.total == 0, attended.log
+
+
+def test_a_decode_graphs_plan_uploads_its_layout_once_and_its_attention_does_not_sync(tiny_model, flashinfer_here):
+    from tokenrouter.engine.model.cuda_graph import pad_decode
+
+    step = _runner(tiny_model).prepare(_batch([9, 4, 13], [8, 3, 12], [1, 1, 1], 3))
+    _, _, meta = pad_decode(step.input_ids, step.positions, step.meta, 4, BLOCKS - 1)
+    planned, plans, attended = _plan_and_attend(flashinfer_here, meta, graph_size=4)
+    assert [name for name, _ in plans] == [DECODE]
+    # flashinfer's plan() copies the host arrays into the graph's buffers (0.7.4: indptr,
+    # last_page_len, indices; the fake also uploads a qo_indptr): no read
+    assert all(s.reads == 0 for _, s in plans), [s.log for _, s in plans]
+    own = (planned.reads - sum(s.reads for _, s in plans), planned.uploads - sum(s.uploads for _, s in plans))
+    assert own == (0, 1), planned.log  # the engine's: the step's paged layout, in one copy
+    assert attended.total == 0, attended.log

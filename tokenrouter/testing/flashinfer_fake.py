@@ -271,7 +271,7 @@ class _Wrapper:
             for name in bufs:  # the kernels read the whole buffers: indptr bounds which indices count
                 bufs[name][: len(given[name])].copy_(given[name])
             tensors = (
-                bufs.get("qo_indptr", qo.to(self.device)),
+                bufs["qo_indptr"] if "qo_indptr" in bufs else qo.to(self.device),
                 bufs["indptr"],
                 bufs["indices"],
                 bufs["last_page_len"],

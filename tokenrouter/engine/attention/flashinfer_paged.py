@@ -14,7 +14,8 @@ Each wrapper's `plan()` writes its schedule into a pinned host buffer of its own
 asynchronous copy of it to the device; the next `plan()` of that wrapper rewrites the buffer. So
 every plan records an event on the stream after it (`PlanFences`), and the next plan of the same
 wrapper waits for that event first: the copy has then read the buffer. Nothing else orders them
-(the step's index tensors reach the device in one non-blocking copy, engine/model/runner.py).
+(the engine's own index tensors reach the device in one non-blocking copy, engine/model/runner.py;
+the host indices each `plan()` is given are flashinfer's to copy, a few small copies per wrapper).
 
 `self_test` runs the kernels once at load, on the scratch block, so that a kernel that cannot
 build or run fails there, where `attention_backend="auto"` can still fall back to torch's backend

@@ -82,7 +82,7 @@ class PagedLayout:
         return PagedLayout(*to_device(tensors, device), self.page_size)
 
     def rows(self, start: int, stop: int) -> PagedLayout:
-        """Rows start..stop-1 as a layout of their own (offsets rebased to 0)."""
+        """Rows start..stop-1, rebased to 0; host layouts only (int() reads offsets), as flashinfer_paged plans."""
         q0, q1 = int(self.qo_indptr[start]), int(self.qo_indptr[stop])
         k0, k1 = int(self.kv_indptr[start]), int(self.kv_indptr[stop])
         return PagedLayout(
