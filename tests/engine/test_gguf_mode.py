@@ -18,6 +18,8 @@ Tolerances:
 
 from __future__ import annotations
 
+import mmap
+
 import anyio
 import numpy as np
 import pytest
@@ -116,6 +118,11 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(tmp_path, tokenize
     assert loaded.linear_kernel == kernels, loaded.linear_kernel
     kinds = {type(m).__name__ for m in loaded.model.modules()}
     assert {"Int4Linear", "Int8WeightLinear", "GGUFEmbedding"} <= kinds and "Linear" not in kinds
+    table = loaded.model.get_input_embeddings().table.data  # the file's blocks, mapped, not read
+    base = table
+    while isinstance(base, np.ndarray):
+        base = base.base
+    assert isinstance(base.obj if isinstance(base, memoryview) else base, mmap.mmap) and not table.flags.writeable
     reference = _dequantized_reference(path, gguf_path)
     want = _log_probs(reference, prompt)
     bf16 = _log_probs(reference.to(torch.bfloat16), prompt)

@@ -3,7 +3,8 @@
 A vocabulary of 151,936 rows is a large table (466 MB in bf16 for the 1.5B demo model) of which a
 step reads a handful of rows. Keeping the checkpoint's own bytes (4.5 to 8.5 bits a weight) and
 dequantizing just those rows with gguf's reference code costs microseconds a step and saves most
-of the table.
+of the table. The blocks are a read-only mapping of the file where the loader maps them
+(`GGUFWeights.tensor(..., mapped=True)`): only the pages of rows looked up become resident.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from .gguf_weights import GGUFTensor, dequantized
 class GGUFEmbedding(torch.nn.Module):
     def __init__(self, t: GGUFTensor, dtype: torch.dtype, padding_idx: int | None = None):
         super().__init__()
-        rows = t.data if t.row_order is None else t.data[t.row_order.numpy()]
-        self.table = GGUFTensor(t.name, t.kind, t.rows, t.cols, np.ascontiguousarray(rows))
+        rows = t.data if t.row_order is None else np.ascontiguousarray(t.data[t.row_order.numpy()])
+        self.table = GGUFTensor(t.name, t.kind, t.rows, t.cols, rows)
         self.num_embeddings, self.embedding_dim = t.rows, t.cols
         self.dtype = dtype
         self.padding_idx = padding_idx

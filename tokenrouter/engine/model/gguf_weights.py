@@ -14,6 +14,7 @@ are refused by name.
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -63,21 +64,37 @@ class GGUFWeights:
         """Forget the tensors' places (what was read is copied out by then)."""
         self.tensors.clear()
 
-    def tensor(self, module_name: str) -> GGUFTensor | None:
-        """The GGUF matrix holding `<module_name>.weight`, or None if the file has none."""
+    def tensor(self, module_name: str, mapped: bool = False) -> GGUFTensor | None:
+        """The GGUF matrix holding `<module_name>.weight`, or None if the file has none. Read into
+        memory, or with `mapped` a read-only mapping of the file's bytes (for a table read a few
+        rows at a time: only the pages read become resident)."""
         gguf_name = self.names.get_name(module_name)
         t = self.tensors.get(f"{gguf_name}.weight") if gguf_name is not None else None
         if t is None or len(t.shape) != 2:
             return None  # no such tensor, or a vector (a norm's weight): nothing to keep quantized
         rows, cols = t.shape[1], t.shape[0]  # gguf lists dims innermost first
-        # read, not a view of a mapped file: pages of a mapping count as the process's memory
-        # until it is unmapped, so the whole file would sit on top of the weights made from it
-        data = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset).reshape(rows, -1)
+        # otherwise read, not a view of a mapped file: pages of a mapping count as the process's
+        # memory until it is unmapped, so the whole file would sit on top of the weights made from it
+        data = mapped_bytes(self.path, t.offset, t.n_bytes) if mapped else None
+        if data is None:
+            data = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+        data = data.reshape(rows, -1)
         order = None
         if self.permuted and gguf_name.endswith(("attn_q", "attn_k")):
             heads = self.heads if gguf_name.endswith("attn_q") else self.kv_heads
             order = unpermute_rows(rows, heads)
         return GGUFTensor(gguf_name, t.kind, rows, cols, data, order)
+
+
+def mapped_bytes(path: Path, offset: int, size: int) -> np.ndarray:
+    """`size` bytes of the file at `offset`, as a read-only mapping that reads on demand (no
+    readahead: a lookup reads the pages of its rows only). It stays open while the array lives."""
+    start = offset - offset % mmap.ALLOCATIONGRANULARITY
+    with open(path, "rb") as f:
+        buf = mmap.mmap(f.fileno(), offset + size - start, access=mmap.ACCESS_READ, offset=start)
+    if hasattr(mmap, "MADV_RANDOM"):
+        buf.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(buf, dtype=np.uint8, count=size, offset=offset - start)
 
 
 def unpermute_rows(rows: int, heads: int) -> torch.Tensor:

@@ -89,7 +89,7 @@ def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool, many_r
     # by name: a list of the modules themselves would keep every replaced dense weight alive
     for name in [n for n, m in model.named_modules() if m is embed or isinstance(m, torch.nn.Linear)]:
         module = model.get_submodule(name)
-        t = gguf.tensor(name)
+        t = gguf.tensor(name, mapped=module is embed)
         if t is None or t.kind not in QUANTIZED:
             continue
         owner, _, leaf = name.rpartition(".")
