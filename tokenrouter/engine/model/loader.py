@@ -21,6 +21,7 @@ from . import heap
 from .gguf_weights import GGUFWeights
 from .linear import kernels
 from .precision import meta_model, resolve_precision
+from .shared_tokenizer import load_shared
 from .weights import load_streaming
 
 ATTN = attention.ATTN_IMPLEMENTATION
@@ -62,13 +63,17 @@ def locate_checkpoint(path: Path) -> tuple[Path, str | None]:
 
 
 def load_tokenizer(spec: ModelSpec):
+    """The model's tokenizer; models with the same tokenizer files share one (`shared_tokenizer.py`)."""
     from transformers import AutoTokenizer
 
     directory, gguf = locate_checkpoint(Path(spec.path))
     try:
         if spec.tokenizer is not None:
-            return AutoTokenizer.from_pretrained(spec.tokenizer, local_files_only=True)
-        return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+            where = Path(spec.tokenizer)
+            return load_shared(where, lambda: AutoTokenizer.from_pretrained(where, local_files_only=True))
+        if gguf is not None:  # read from the GGUF's metadata
+            return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
+        return load_shared(directory, lambda: AutoTokenizer.from_pretrained(directory, local_files_only=True))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load a tokenizer for {spec.path}: {e}") from e
 
