@@ -1,0 +1,208 @@
+#!/usr/bin/env python
+"""Why greedy Speculative's answers are not always the large model's in bf16: which of a step's
+computations give a row a result that depends on the other rows of the call.
+
+Speculative is lossless when the target scores a draft exactly as it would decode that token
+alone. In float32 the engine met that on all 164 HumanEval problems; in bf16 (the CPU default)
+on 136 (docs/evaluation.md). Three checks, 2 threads, on this machine:
+
+1. Each CPU linear kernel (`engine/model/linear/`): row 0 of a call of M rows against a call of
+   row 0 alone, at the demo 1.5B's MLP shape (1536 -> 8960), bf16 activations.
+2. The attention call (`grouped_sdpa`, SDPA on the demo 1.5B's heads, one query row as in a
+   decode step, bf16): a context of c keys padded with masked keys to width W against width c.
+   A decode step pads every row to the batch's widest block table, so W depends on the batch.
+3. The demo 1.5B itself (gguf+bf16 and gguf): three tokens decoded one step at a time against
+   the same three in one extend step (a verifier's check), the last token's attention output
+   and logits compared bitwise.
+4. With `--speculative N`: greedy Speculative(4) on the demo pair against the large model alone,
+   N prompts of bench_routing.TASKS at once, 128 tokens, in each of the two modes: how many
+   answers are equal, and where the others first part.
+
+    python benchmarks/bench_batch_invariance.py --speculative 8 \
+        --json benchmarks/results/batch-invariance/invariance.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import anyio
+import torch
+
+from tokenrouter import Engine, ModelSpec, SamplingParams, Single
+from tokenrouter.bench.machine import machine_info
+from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa
+from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.model.linear import int4, int8_weights, onednn
+from tokenrouter.engine.model.loader import load_model
+from tokenrouter.engine.model.runner import ModelRunner
+from tokenrouter.engine.sched.batch import ScheduledBatch
+from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
+from tokenrouter.policies import Speculative
+from tokenrouter.store import ensure_model
+
+ROWS = (1, 2, 4, 5, 8, 16, 17, 32, 64)
+
+
+def linear_kernels() -> dict:
+    """For each kernel, the call sizes M at which row 0 differs from row 0 computed alone."""
+    torch.manual_seed(0)
+    k, n = 1536, 8960
+    w = torch.randn(n, k) * 0.02
+    dense = torch.nn.Linear(k, n, bias=False)
+    dense.weight.data = w.to(torch.bfloat16)
+    kernels = {
+        "int4 (_weight_int4pack_mm_for_cpu)": int4.Int4Linear.from_dense(w),
+        "int8 (_weight_int8pack_mm)": int8_weights.Int8WeightLinear.from_rows(n, k, lambda a, b: w[a:b], None),
+        "bf16, oneDNN packed": onednn.PackedLinear(dense),
+        "bf16, torch's linear": dense,
+    }
+    x = torch.randn(max(ROWS), k).to(torch.bfloat16)
+    out = {}
+    with torch.inference_mode():
+        for name, kernel in kernels.items():
+            alone = kernel(x[:1])
+            out[name] = [m for m in ROWS if not torch.equal(kernel(x[:m])[:1], alone)]
+            print(f"{name:36s} row 0 differs at M = {out[name]}")
+    return out
+
+
+def attention_widths() -> dict:
+    """For each context length, the padded widths (up to +80) giving the exact-width result."""
+    torch.manual_seed(0)
+    heads, kv_heads, dim = 12, 2, 128
+    out = {}
+    for ctx in (7, 23, 40, 100, 300, 700):
+        q = torch.randn(1, heads, 1, dim).bfloat16()
+        k, v = (torch.randn(1, kv_heads, ctx + 80, dim).bfloat16() for _ in range(2))
+
+        def at(width, q=q, k=k, v=v, ctx=ctx):
+            mask = torch.zeros(1, 1, 1, width, dtype=torch.bool)
+            mask[..., :ctx] = True
+            return grouped_sdpa(q, k[:, :, :width], v[:, :, :width], mask, dim**-0.5)
+
+        exact = at(ctx)
+        same = [w for w in range(ctx, ctx + 80) if torch.equal(at(w), exact)]
+        differ = [w for w in range(ctx, ctx + 80) if w not in same]
+        first = differ[0] if differ else None
+        out[str(ctx)] = {"widths_tried": [ctx, ctx + 79], "equal": len(same), "first_width_that_differs": first}
+        print(
+            f"context {ctx:4d}: of widths {ctx}..{ctx + 79}, {len(same)} equal the exact width's, first other {first}"
+        )
+    return out
+
+
+def decode_against_extend(quantization: str) -> dict:
+    """The demo 1.5B: decode 3 tokens one at a time, or score them in one extend step."""
+    path = ensure_model("qwen-coder-1.5b")
+    loaded = load_model("large", ModelSpec(path=path, quantization=quantization), threads=2)
+    layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
+    prompt = [(37 * i + 11) % 5000 + 100 for i in range(20)]
+    extra = [1550, 374, 220]
+    captured: dict[str, torch.Tensor] = {}
+
+    def run(extend: bool) -> torch.Tensor:
+        cache = KVCache(layout, 16, 16, "cpu")
+        backend = TorchPagedAttention(cache)
+        forward = backend.forward
+
+        def layer0(layer_idx, q, k, v, meta, scaling, window):
+            out = forward(layer_idx, q, k, v, meta, scaling, window)
+            if layer_idx == 0:
+                captured["attention"] = out[-1].clone()
+            return out
+
+        backend.forward = layer0
+        runner = ModelRunner(loaded, backend, 16)
+        req = Request("r", prompt, SamplingParams(), seed=0, stop_token_ids=frozenset(), max_tokens=8)
+        seq = Sequence(req, list(prompt), status=SeqStatus.RUNNING)
+        seq.block_table = [0, 1, 2]  # room for 48 tokens, as a scheduler's lookahead gives
+        runner.forward(ScheduledBatch([seq], [len(prompt)], 0))
+        seq.num_computed = len(prompt)
+        if extend:
+            seq.token_ids += extra
+            return runner.forward(ScheduledBatch([seq], [len(extra)], 0)).logits[-1]
+        for token in extra:
+            seq.token_ids.append(token)
+            logits = runner.forward(ScheduledBatch([seq], [1], 1)).logits[-1]
+            seq.num_computed += 1
+        return logits
+
+    decoded = run(extend=False)
+    attention = captured["attention"]
+    scored = run(extend=True)
+    result = {
+        "linear_kernel": loaded.linear_kernel,
+        "layer0_attention_equal": torch.equal(attention, captured["attention"]),
+        "layer0_attention_max_abs_diff": (attention.float() - captured["attention"].float()).abs().max().item(),
+        "logits_equal": torch.equal(decoded, scored),
+        "logits_max_abs_diff": (decoded - scored).abs().max().item(),
+        "argmax_equal": int(decoded.argmax()) == int(scored.argmax()),
+    }
+    print(f"demo 1.5B, {quantization}: {result}")
+    return result
+
+
+def speculative_against_large(quantization: str, prompts: int, tokens: int = 128) -> dict:
+    """Greedy Speculative(4) against the large model alone, the same prompts in flight at once."""
+    from bench_routing import TASKS
+
+    specs = {
+        role: ModelSpec(path=ensure_model(name), quantization=quantization)
+        for role, name in (("small", "qwen-coder-0.5b"), ("large", "qwen-coder-1.5b"))
+    }
+    params = SamplingParams(max_tokens=tokens, temperature=0)
+    texts = TASKS[:prompts]
+
+    async def answers(policy, models) -> list[list[int]]:
+        out: list[list[int]] = [[] for _ in texts]
+        async with Engine(models={m: specs[m] for m in models}, policy=policy, num_threads=2) as engine:
+
+            async def one(i: int) -> None:
+                out[i] = (await engine.generate(texts[i], params)).token_ids
+
+            async with anyio.create_task_group() as tg:
+                for i in range(len(texts)):
+                    tg.start_soon(one, i)
+        return out
+
+    large = anyio.run(answers, Single("large"), ["large"])
+    spec = anyio.run(answers, Speculative(k=4), ["small", "large"])
+    first = [next((j for j, (a, b) in enumerate(zip(x, y)) if a != b), None) for x, y in zip(large, spec)]
+    result = {
+        "prompts": len(texts),
+        "tokens": tokens,
+        "equal": sum(x == y for x, y in zip(large, spec)),
+        "first_difference": first,
+    }
+    print(f"Speculative(4) against the large model alone, {quantization}: {result}")
+    return result
+
+
+def main(args) -> None:
+    torch.set_num_threads(2)
+    results = {
+        "meta": {"machine": machine_info(), "threads": 2, "torch": torch.__version__},
+        "linear_rows_that_differ": linear_kernels(),
+        "attention_padded_width": attention_widths(),
+        "decode_against_extend": {q: decode_against_extend(q) for q in ("gguf+bf16", "gguf")},
+    }
+    if args.speculative:
+        results["speculative_against_large"] = {
+            q: speculative_against_large(q, args.speculative) for q in ("gguf+bf16", "gguf")
+        }
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--speculative", type=int, default=0, metavar="N", help="also Speculative(4) on N prompts")
+    main(parser.parse_args())
