@@ -16,11 +16,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tokenrouter import store
 
 CHILD = r"""
 import json, sys, anyio, torch
@@ -90,12 +93,24 @@ def main() -> None:
     )
     p.add_argument("--tree", type=Path, default=None, help="run a checkout's package instead of the installed one")
     p.add_argument("--out", type=Path, required=True)
+    p.add_argument(
+        "--cold-kernels",
+        action="store_true",
+        help="empty the store's kernel cache (<home>/kernels) first: the first gguf run builds the kernels, "
+        "later ones read them",
+    )
     args = p.parse_args()
+    kernels_dir = store.home_dir() / "kernels"
+    if args.cold_kernels:
+        shutil.rmtree(kernels_dir, ignore_errors=True)
     rows = {}
     for precision in args.precision:
         for onednn in args.onednn:
             name = f"precision={precision} onednn_linear={onednn}"
+            name += f" (run {sum(k.startswith(name) for k in rows) + 1})" if name in rows else ""
+            cached = sorted(f.name for f in kernels_dir.glob("*.safetensors")) if kernels_dir.is_dir() else []
             rec = rows[name] = run(onednn, precision, args.tree)
+            rec["kernel_cache_before"] = cached  # the store's built GGUF kernels when the run started
             gb = 1e9
             print(
                 f"{name}: peak at load {rec['ready']['peak'] / gb:.2f} GB, steady "

@@ -46,6 +46,19 @@ class Int4Linear(torch.nn.Module):
         self.weight = torch.empty(self.out_features, self.in_features, device="meta")
 
     @classmethod
+    def from_packed(
+        cls, packed: torch.Tensor, scales_and_zeros: torch.Tensor, shape: tuple[int, int], bias: torch.Tensor | None
+    ) -> Int4Linear:
+        """A layer from what an earlier one built (`packed`, `scales_and_zeros`: kernel_cache.py)."""
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        self.out_features, self.in_features = shape
+        self.packed, self.scales_and_zeros = packed, scales_and_zeros
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.weight = torch.empty(*shape, device="meta")
+        return self
+
+    @classmethod
     def from_dense(cls, weight: torch.Tensor, bias: torch.Tensor | None = None) -> Int4Linear:
         """Groups of 32 quantized asymmetrically, each from its own minimum to its maximum (for
         weights that come without a GGUF's codes, and for tests)."""

@@ -45,6 +45,17 @@ class Int8WeightLinear(torch.nn.Module):
         self.weight = torch.empty(out_features, in_features, device="meta")
         return self
 
+    @classmethod
+    def from_quantized(cls, qweight: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None) -> Int8WeightLinear:
+        """A layer from what an earlier one built (`qweight`, `scales`: kernel_cache.py)."""
+        self = cls.__new__(cls)
+        torch.nn.Module.__init__(self)
+        self.out_features, self.in_features = qweight.shape
+        self.qweight, self.scales = qweight, scales
+        self.bias = None if bias is None else bias.detach().to(torch.bfloat16)
+        self.weight = torch.empty(*qweight.shape, device="meta")
+        return self
+
     def effective_weight(self) -> torch.Tensor:
         """The float32 weight the kernel computes with."""
         return self.qweight.float() * self.scales.float()[:, None]

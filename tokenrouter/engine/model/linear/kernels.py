@@ -25,7 +25,7 @@ from .. import heap
 from ..gguf_embedding import GGUFEmbedding
 from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
 from ..precision import Precision
-from . import by_rows, int4, int8, int8_weights, onednn
+from . import by_rows, int4, int8, int8_weights, kernel_cache, onednn
 
 QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
@@ -64,11 +64,16 @@ def prepare_linears(
             raise ModelLoadError(
                 f"quantization={precision.quantization!r} for {spec.path}: this torch has no int4/int8 CPU kernels"
             )
-        if precision.quantization == "gguf":
-            return from_gguf(model, gguf, packing)
-        if not packing:
+        if precision.quantization == "gguf+bf16" and not packing:
             raise ModelLoadError(f"quantization='gguf+bf16' for {spec.path}: it needs oneDNN's bf16 linear on CPU")
-        return from_gguf(model, gguf, packing, many_rows_after=precision.quantized_rows)
+        many_rows_after = precision.quantized_rows if precision.quantization == "gguf+bf16" else None
+        path = kernel_cache.cache_path(gguf.path)
+        cached = kernel_cache.read(path) if path is not None else None
+        built: dict[str, torch.Tensor] = {}
+        kinds = from_gguf(model, gguf, packing, many_rows_after, cached, built)
+        if path is not None and cached is None and built:
+            kernel_cache.write(path, built)
+        return kinds
     prefix = ""
     if precision.quantization == "int8":
         if not int8.applies(device, dtype):
@@ -79,17 +84,27 @@ def prepare_linears(
     return prefix + ("onednn" if packed else "torch")
 
 
-def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool, many_rows_after: int | None = None) -> str:
+def from_gguf(
+    model: torch.nn.Module,
+    gguf: GGUFWeights,
+    onednn_ok: bool,
+    many_rows_after: int | None = None,
+    cached: dict[str, torch.Tensor] | None = None,
+    built: dict[str, torch.Tensor] | None = None,
+) -> str:
     """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said. With
     `many_rows_after` (quantization "gguf+bf16"), each layer also holds its tensor dequantized to
-    bf16 and packed for oneDNN, and a call of more rows than that runs on it."""
+    bf16 and packed for oneDNN, and a call of more rows than that runs on it. The quantized
+    kernels come from `cached` where it holds them (kernel_cache.py), and what they hold is put
+    in `built`."""
     kinds: set[str] = set()
     embed = model.get_input_embeddings()
     dense = many_rows_after is not None
     # by name: a list of the modules themselves would keep every replaced dense weight alive
     for name in [n for n, m in model.named_modules() if m is embed or isinstance(m, torch.nn.Linear)]:
         module = model.get_submodule(name)
-        t = gguf.tensor(name, mapped=module is embed)
+        hit = cached is not None and (f"{name}.int4.packed" in cached or f"{name}.int8.qweight" in cached)
+        t = gguf.tensor(name, mapped=module is embed or hit)  # a kernel read back needs few of its bytes
         if t is None or t.kind not in QUANTIZED:
             continue
         owner, _, leaf = name.rpartition(".")
@@ -99,14 +114,8 @@ def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool, many_r
                 setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
                 kinds.add("gguf-embedding")
             continue
-        bias = module.bias
-        if t.kind == "Q4_K" and t.cols % int4.GROUP == 0:
-            few = int4.Int4Linear(*q4k_groups(t), bias)
-            kinds.add("int4")
-        else:
-            rows = lambda a, b, t=t: dequantized(t, torch.arange(a, b))  # noqa: E731
-            few = int8_weights.Int8WeightLinear.from_rows(t.rows, t.cols, rows, bias)
-            kinds.add("int8")
+        few, kind = quantized_kernel(name, t, module.bias, cached or {}, built if built is not None else {})
+        kinds.add(kind)
         if dense:
             few = by_rows.ByRowsLinear(few, onednn.PackedLinear(dense_bf16(t, module)), many_rows_after)
             kinds.add("bf16-by-rows")
@@ -117,6 +126,27 @@ def from_gguf(model: torch.nn.Module, gguf: GGUFWeights, onednn_ok: bool, many_r
         kinds.add("onednn")
     order = ["int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
     return "+".join(k for k in order if k in kinds) or "torch"
+
+
+def quantized_kernel(name: str, t, bias, cached: dict, built: dict) -> tuple[torch.nn.Module, str]:
+    """The layer's quantized kernel: Q4_K as int4 groups, anything else as int8 per channel; read
+    back from `cached` where an earlier load built it, and its tensors put in `built`."""
+    if t.kind == "Q4_K" and t.cols % int4.GROUP == 0:
+        packed, sz = f"{name}.int4.packed", f"{name}.int4.scales_and_zeros"
+        if packed in cached and sz in cached:
+            layer = int4.Int4Linear.from_packed(cached[packed], cached[sz], (t.rows, t.cols), bias)
+        else:
+            layer = int4.Int4Linear(*q4k_groups(t), bias)
+        built[packed], built[sz] = layer.packed, layer.scales_and_zeros
+        return layer, "int4"
+    qweight, scales = f"{name}.int8.qweight", f"{name}.int8.scales"
+    if qweight in cached and scales in cached:
+        layer = int8_weights.Int8WeightLinear.from_quantized(cached[qweight], cached[scales], bias)
+    else:
+        rows = lambda a, b: dequantized(t, torch.arange(a, b))  # noqa: E731
+        layer = int8_weights.Int8WeightLinear.from_rows(t.rows, t.cols, rows, bias)
+    built[qweight], built[scales] = layer.qweight, layer.scales
+    return layer, "int8"
 
 
 def dense_bf16(t, module: torch.nn.Linear) -> torch.nn.Linear:
