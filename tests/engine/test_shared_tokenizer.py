@@ -7,7 +7,6 @@ import shutil
 import threading
 
 import anyio
-import pytest
 from transformers import AutoTokenizer
 
 from tokenrouter import Engine, ModelSpec, RStitch
@@ -62,8 +61,8 @@ def test_other_files_or_other_template_files_load_their_own(tiny_model, tmp_path
     assert load_tokenizer(ModelSpec(path=tiny_model, tokenizer=legacy)).backend_tokenizer is not first.backend_tokenizer
 
 
-@pytest.mark.parametrize("models", [2])
-def test_models_loading_at_once_share(tiny_model, tmp_path, models):
+def test_models_loading_at_once_share(tiny_model, tmp_path):
+    models = 3
     dirs = [_copy_tokenizer(tiny_model, tmp_path / f"m{i}") for i in range(models)]
     got = [None] * models
 
