@@ -13,6 +13,10 @@ Tolerances:
   average against bf16's 0.08-0.12); the unquantized model is three times further away, so the
   weights are the GGUF's 4-bit ones, not the originals; the same holds under gguf+bf16, whose
   prompt runs on bf16 copies of the GGUF's dequantized weights;
+- with the GGUF block kernels under `gguf`, the prompt too runs on activations rounded to int8
+  (llama.cpp's arithmetic): within 2.5x bf16's error plus 0.03 on average and 2 nats at every
+  position (measured: 0.17-0.21 against bf16's 0.10-0.12, at most 0.99), still 8x closer to the
+  dequantized model than to the original one;
 - under gguf+bf16 each layer's two kernels agree to within 2% (relative, Frobenius) on a random
   bf16 input (measured: 0.3% for int4, 0.8% for int8 requantized from Q8_0)."""
 
@@ -94,12 +98,26 @@ def _log_probs(model, prompt) -> torch.Tensor:
         ("llama", "gguf", "int4+int8+gguf-embedding"),
         ("qwen2", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding"),
         ("llama", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding"),
+        ("qwen2", "gguf", "blocks+gguf-embedding"),
+        ("llama", "gguf", "blocks+gguf-embedding"),
+        ("qwen2", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding"),
+        ("llama", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding"),
     ],
 )
-def test_the_gguf_engine_computes_the_checkpoints_own_weights(tmp_path, tokenizer, arch, quantization, kernels):
-    """Under gguf+bf16 the prompt (40 rows) runs on the bf16 copies and the decode on the 4-bit
-    kernels: both must hold the GGUF's weights."""
+def test_the_gguf_engine_computes_the_checkpoints_own_weights(
+    tmp_path, tokenizer, monkeypatch, arch, quantization, kernels
+):
+    """Under gguf+bf16 the prompt (40 rows) runs on the bf16 copies and the decode on the
+    quantized kernels: both must hold the GGUF's weights. The quantized kernels are torch's
+    (int4, int8) or the GGUF block kernels, whichever the case names (the probe's pick forced)."""
     from transformers import AutoModelForCausalLM
+
+    from tokenrouter.engine.model.linear import gguf_native, probe
+
+    blocks = kernels.startswith("blocks")
+    if blocks and (gguf_native.load()[0] is None or not gguf_native.load()[0].fast):
+        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks" if blocks else "int4")
 
     path = build_tiny_model(
         tmp_path / arch, arch, tokenizer=tokenizer, hidden_size=256, intermediate_size=320, num_attention_heads=4
@@ -117,7 +135,8 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(tmp_path, tokenize
     assert loaded.dtype == torch.bfloat16
     assert loaded.linear_kernel == kernels, loaded.linear_kernel
     kinds = {type(m).__name__ for m in loaded.model.modules()}
-    assert {"Int4Linear", "Int8WeightLinear", "GGUFEmbedding"} <= kinds and "Linear" not in kinds
+    want_kinds = {"GGUFBlockLinear"} if blocks else {"Int4Linear", "Int8WeightLinear"}
+    assert want_kinds | {"GGUFEmbedding"} <= kinds and "Linear" not in kinds
     table = loaded.model.get_input_embeddings().table.data  # the file's blocks, mapped, not read
     base = table
     while isinstance(base, np.ndarray):
@@ -127,8 +146,11 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(tmp_path, tokenize
     want = _log_probs(reference, prompt)
     bf16 = _log_probs(reference.to(torch.bfloat16), prompt)
     err = (got - want).abs()
-    assert err.mean() <= 1.5 * (bf16 - want).abs().mean() + 0.03 and err.max() < 1.0
     original = _log_probs(AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval(), prompt)
+    if quantization == "gguf" and blocks:  # the prompt too runs on int8-rounded activations
+        assert err.mean() <= 2.5 * (bf16 - want).abs().mean() + 0.03 and err.max() < 2.0
+    else:
+        assert err.mean() <= 1.5 * (bf16 - want).abs().mean() + 0.03 and err.max() < 1.0
     assert (got - original).abs().mean() > 3 * err.mean()
     if quantization == "gguf+bf16":  # both kernels of every layer hold the same weights
         layers = [m for m in loaded.model.modules() if type(m).__name__ == "ByRowsLinear"]

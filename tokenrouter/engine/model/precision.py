@@ -40,6 +40,7 @@ class Precision:
     quantization: str | None  # "gguf", "gguf+bf16", "int8" or None
     reason: str  # one line: what was chosen and why
     quantized_rows: int = 0  # gguf+bf16: calls of up to this many rows use the quantized weights
+    gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (linear/gguf_kernels.c) serve what they take
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
@@ -89,22 +90,28 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
         return Precision(dtype, None, reason)
     if quantization == "int8":
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
-    if spec.dtype != "auto":
+    gguf = quantization in ("gguf", "gguf+bf16")
+    if spec.dtype != "auto" and not (gguf and spec.dtype == "bfloat16"):
         return Precision(DTYPES[spec.dtype], quantization, "as asked")
     threads = threads or torch.get_num_threads()
     shapes = probe.probe_shapes(meta_model(config))
-    choice = probe.precision_for(shapes, threads)
-    if quantization in ("gguf", "gguf+bf16") and choice.dtype != "bfloat16":
-        return Precision(
-            torch.float32, None, f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
-        )
+    if spec.dtype == "auto":
+        choice = probe.precision_for(shapes, threads)
+        if not gguf or choice.dtype != "bfloat16":
+            if gguf:
+                why = f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
+                return Precision(torch.float32, None, why)
+            return Precision(choice.torch_dtype, None, choice.reason)
+        reason = choice.reason
+    else:
+        reason = "bfloat16 as asked"
+    rows, timings = probe.quantized_rows(shapes[0], threads)  # which quantized kernel, and up to what rows
+    blocks = probe.few_kernel(timings) == "blocks"
+    kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
     if quantization == "gguf":
-        return Precision(torch.bfloat16, "gguf", f"4-bit kernels with bf16 activations; {choice.reason}")
-    if quantization == "gguf+bf16":
-        rows, _ = probe.quantized_rows(shapes[0], threads)
-        why = f"the GGUF's kernels up to {rows} rows, measured faster than bf16 there; {choice.reason}"
-        return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows)
-    return Precision(choice.torch_dtype, None, choice.reason)
+        return Precision(torch.bfloat16, "gguf", f"{kernel}, bf16 activations; {reason}", gguf_blocks=blocks)
+    why = f"{kernel} up to {rows} rows, measured faster than bf16 there; {reason}"
+    return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows, gguf_blocks=blocks)
 
 
 def meta_model(config) -> torch.nn.Module:

@@ -3,8 +3,10 @@
 - float32 or bfloat16 on CPU: oneDNN with the weight packed once at load (`onednn.py`);
 - `quantization="int8"` (a drafter's): fbgemm's dynamic int8, the MLP outputs kept float32
   (`int8.py`), the rest packed;
-- `quantization="gguf"`: each layer from its GGUF tensor: Q4_K as 4-bit groups (`int4.py`),
-  other quantized types as int8 weights (`int8_weights.py`), unquantized ones packed in bf16;
+- `quantization="gguf"`: each layer from its GGUF tensor: where the probe measured the GGUF
+  block kernels faster, Q4_K, Q6_K, Q5_0 and Q8_0 tensors as their own blocks (`gguf_blocks.py`),
+  computed as llama.cpp does; otherwise Q4_K as 4-bit groups (`int4.py`) and other quantized
+  types as int8 weights (`int8_weights.py`); unquantized ones packed in bf16;
   the embedding table stays in its GGUF blocks (`gguf_embedding.py`) unless the head shares it.
 - `quantization="gguf+bf16"`: the same quantized kernels for calls of few rows, and a dense bf16
   copy of each weight, packed, for calls of more (`by_rows.py`): decode of a few requests reads
@@ -25,7 +27,7 @@ from .. import heap
 from ..gguf_embedding import GGUFEmbedding
 from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
 from ..precision import Precision
-from . import by_rows, int4, int8, int8_weights, kernel_cache, onednn
+from . import by_rows, gguf_blocks, gguf_native, int4, int8, int8_weights, kernel_cache, onednn
 
 QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
 
@@ -67,10 +69,12 @@ def prepare_linears(
         if precision.quantization == "gguf+bf16" and not packing:
             raise ModelLoadError(f"quantization='gguf+bf16' for {spec.path}: it needs oneDNN's bf16 linear on CPU")
         many_rows_after = precision.quantized_rows if precision.quantization == "gguf+bf16" else None
-        path = kernel_cache.cache_path(gguf.path)
+        lib = gguf_native.load()[0] if precision.gguf_blocks else None
+        # the block kernels take the file's bytes as they are: nothing to build, nothing to keep
+        path = kernel_cache.cache_path(gguf.path) if lib is None else None
         cached = kernel_cache.read(path) if path is not None else None
         built: dict[str, torch.Tensor] = {}
-        kinds = from_gguf(model, gguf, packing, many_rows_after, cached, built)
+        kinds = from_gguf(model, gguf, packing, many_rows_after, cached, built, lib)
         if path is not None and cached is None and built:
             kernel_cache.write(path, built)
         return kinds
@@ -91,12 +95,14 @@ def from_gguf(
     many_rows_after: int | None = None,
     cached: dict[str, torch.Tensor] | None = None,
     built: dict[str, torch.Tensor] | None = None,
+    blocks: gguf_native.Library | None = None,
 ) -> str:
     """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said. With
     `many_rows_after` (quantization "gguf+bf16"), each layer also holds its tensor dequantized to
     bf16 and packed for oneDNN, and a call of more rows than that runs on it. The quantized
     kernels come from `cached` where it holds them (kernel_cache.py), and what they hold is put
-    in `built`."""
+    in `built`. With the `blocks` library, the tensors it takes are computed from their GGUF blocks
+    as they are (gguf_blocks.py)."""
     kinds: set[str] = set()
     embed = model.get_input_embeddings()
     dense = many_rows_after is not None
@@ -114,7 +120,11 @@ def from_gguf(
                 setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
                 kinds.add("gguf-embedding")
             continue
-        few, kind = quantized_kernel(name, t, module.bias, cached or {}, built if built is not None else {})
+        if blocks is not None and gguf_blocks.fits(t.kind, t.cols):
+            data = t.data if t.row_order is None else t.data[t.row_order.numpy()]
+            few, kind = gguf_blocks.GGUFBlockLinear(blocks, t.kind, data, (t.rows, t.cols), module.bias), "blocks"
+        else:
+            few, kind = quantized_kernel(name, t, module.bias, cached or {}, built if built is not None else {})
         kinds.add(kind)
         if dense:
             few = by_rows.ByRowsLinear(few, onednn.PackedLinear(dense_bf16(t, module)), many_rows_after)
@@ -124,7 +134,7 @@ def from_gguf(
         heap.trim(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
     if onednn_ok and onednn.pack_linears(model, (torch.bfloat16,)):
         kinds.add("onednn")
-    order = ["int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
+    order = ["blocks", "int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
     return "+".join(k for k in order if k in kinds) or "torch"
 
 

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
-PROBE_VERSION = 1
+PROBE_VERSION = 2  # 2: the GGUF block kernels measured beside torch's int4
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -120,11 +120,19 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
 
 
 QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32)
+WORKING_SET_BYTES = 256 << 20  # more than any CPU's last-level cache here (this EPYC's: 32 MiB)
 
 
 def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) -> dict:
-    """Milliseconds per call of the 4-bit GGUF kernel and of oneDNN's packed bf16 linear on one
-    shape, per rows in QUANTIZED_ROWS (medians of `repeats`, after a warm-up)."""
+    """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats`, after a warm-up),
+    on one shape: torch's 4-bit kernel ("int4"), oneDNN's packed bf16 linear ("bfloat16") and,
+    where they built with their fast path, the GGUF block kernels on Q4_K blocks ("blocks").
+
+    Each kernel cycles through copies of its weight that together outsize the CPU's caches, as a
+    model's layers do: timed on one copy, a layer the cache holds looks 3-5x faster than a decode
+    step reads it (bf16 most of all)."""
+    from . import gguf_native
+    from .gguf_blocks import GGUFBlockLinear
     from .int4 import Int4Linear
 
     before = torch.get_num_threads()
@@ -132,24 +140,28 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
     try:
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(*shape, generator=gen) * 0.02
+        copies = lambda bits: min(64, max(2, -(-WORKING_SET_BYTES * 8 // (bits * w.numel()))))  # noqa: E731
+        packed = [torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16)) for _ in range(copies(16))]
         kernels = {
-            "int4": Int4Linear.from_dense(w),
-            "bfloat16": torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16)),
+            "int4": [Int4Linear.from_dense(w) for _ in range(copies(4))],
+            "bfloat16": [lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed],
         }
+        lib, _ = gguf_native.load()
+        kind = "Q4_K" if shape[1] % 256 == 0 else "Q8_0"
+        if lib is not None and lib.fast and shape[1] % 32 == 0:
+            bits = 4 if kind == "Q4_K" else 8
+            blocks = [random_blocks(kind, shape, gen) for _ in range(copies(bits))]
+            kernels["blocks"] = [GGUFBlockLinear(lib, kind, b, shape) for b in blocks]
         out: dict = {name: {} for name in kernels}
         for rows in QUANTIZED_ROWS:
             x = torch.randn(rows, shape[1], generator=gen).to(torch.bfloat16)
-            for name, k in kernels.items():
-                call = (
-                    (lambda k=k: k(x))
-                    if name == "int4"
-                    else (lambda k=k: torch.ops.mkldnn._linear_pointwise(x, k, None, "none", [], ""))
-                )
-                call()
+            for name, ks in kernels.items():
+                for k in ks:
+                    k(x)
                 times = []
-                for _ in range(repeats):
+                for i in range(repeats):
                     t0 = time.perf_counter()
-                    call()
+                    ks[i % len(ks)](x)
                     times.append(time.perf_counter() - t0)
                 out[name][rows] = 1e3 * statistics.median(times)
     finally:
@@ -157,12 +169,33 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
     return out
 
 
+def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
+    """Q4_K or Q8_0 blocks of random codes (weights of about 0.02 and less): something to time."""
+    from .gguf_native import BLOCKS
+
+    n, k = shape
+    values, size = BLOCKS[kind]
+    b = torch.randint(0, 256, (n, k // values, size), dtype=torch.uint8, generator=gen)
+    for at, scale in ((0, 1e-3), (2, 5e-4)) if kind == "Q4_K" else ((0, 2e-4),):
+        b[..., at : at + 2] = torch.tensor([scale], dtype=torch.float16).view(torch.uint8)
+    return b.reshape(n, -1)
+
+
+def few_kernel(timings: dict) -> str:
+    """Which quantized kernel serves steps of few rows: the GGUF block kernels where they were
+    measured no slower than torch's int4 at one row, else torch's."""
+    blocks, int4 = timings.get("blocks"), timings["int4"]
+    one = lambda t: t.get(1, t.get("1"))  # noqa: E731 (keys are strings once cached)
+    return "blocks" if blocks and one(blocks) <= one(int4) else "int4"
+
+
 def crossover(timings: dict) -> int:
-    """The most rows at which the 4-bit kernel is still at least as fast as bf16, checked from one
-    row up (0: bf16 wins from the first row)."""
+    """The most rows at which the quantized kernel `few_kernel` picks is still at least as fast as
+    bf16, checked from one row up (0: bf16 wins from the first row)."""
+    few = timings[few_kernel(timings)]
     best = 0
-    for rows in sorted(timings["int4"], key=int):
-        if timings["int4"][rows] > timings["bfloat16"][rows]:
+    for rows in sorted(few, key=int):
+        if few[rows] > timings["bfloat16"][rows]:
             break
         best = int(rows)
     return best
@@ -178,6 +211,7 @@ def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None
         "torch": torch.__version__,
         "threads": threads,
         "shape": list(shape),
+        "blocks": _blocks_built(),
     }
     path = probe_path(probe_key(info), home).with_name(f"rows-{probe_key(info)}.json")
     try:
@@ -193,6 +227,12 @@ def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None
     except OSError as e:
         log.warning("cannot cache the quantized-rows probe at %s: %s", path, e)
     return rows, timings
+
+
+def _blocks_built() -> bool:
+    from . import gguf_native
+
+    return gguf_native.load()[0] is not None
 
 
 def probe_key(info: dict) -> str:
