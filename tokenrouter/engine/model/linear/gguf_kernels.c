@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__F16C__)
 #define TR_AVX512 1
 #include <immintrin.h>
 #else
@@ -72,12 +72,14 @@ static uint16_t read_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8
 typedef struct {
     int8_t *q;      /* [M][K] */
     float *d;       /* [M][K / block] */
-    int16_t *bsums; /* [M][K / 16]: sums of each 16 codes (K-quants' mins and offsets) */
-    float *dsum;    /* [M][K / block]: d * sum of the block's codes (offsets of 32-blocks) */
+    int16_t *bsums; /* [M][K / 16]: sums of each 16 codes (the plain K-quant dot products) */
+    float *fs16;    /* [M][K / 16]: d * each 16 codes' sum (Q6_K's offset, scaled per row of W) */
+    float *fs32;    /* [M][K / 32]: d * each 32 codes' sum (Q4_K's mins) */
+    int32_t *xo;    /* [M][K / 4]: -offset * each 4 codes' sum (Q8_0's and Q5_0's unsigned codes) */
 } QuantX;
 
-static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int8_t *q, float *d, int16_t *bsums,
-                         float *dsum) {
+static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int offset, int8_t *q, float *d,
+                         int16_t *bsums, float *fs16, float *fs32, int32_t *xo) {
     float buf[256];
     for (int64_t b = 0; b < K / block; b++) {
         float amax = 0.0f;
@@ -89,18 +91,19 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int8_t
             amax = a > amax ? a : amax;
         }
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
-        for (int i = 0; i < block; i++) {
-            int v = (int)nearbyintf(buf[i] * inv);
-            q[b * block + i] = (int8_t)v;
-            sum += v;
-        }
+        for (int i = 0; i < block; i++) q[b * block + i] = (int8_t)nearbyintf(buf[i] * inv);
         d[b] = scale;
-        dsum[b] = scale * (float)sum;
         for (int j = 0; j < block / 16; j++) {
             int s = 0;
             for (int i = 0; i < 16; i++) s += q[b * block + j * 16 + i];
-            bsums[b * (block / 16) + j] = (int16_t)s;
+            int64_t at = b * (block / 16) + j;
+            bsums[at] = (int16_t)s;
+            fs16[at] = scale * (float)s;
+            if (j & 1) fs32[at / 2] = scale * (float)(bsums[at - 1] + s);
+        }
+        for (int j = 0; j < block / 4; j++) {
+            const int8_t *c = q + b * block + 4 * j;
+            xo[b * (block / 4) + j] = -offset * (c[0] + c[1] + c[2] + c[3]);
         }
     }
 }
@@ -201,6 +204,8 @@ static float dot_q5_0_ref(const uint8_t *w, const int8_t *q, const float *d, int
 
 static float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+#define FP16(p) _cvtsh_ss(read_u16(p)) /* F16C: one instruction, where fp16_to_f32 takes a dozen */
+
 /* Which scale each int16 lane of a 64-weight chunk takes: Q4_K's two sub-blocks of 32 (16 lanes
  * each), Q6_K's four groups of 16 (8 lanes each); and Q6_K's shifts bringing each 32 weights'
  * pair of high bits down (per half of the 64-byte vector). */
@@ -232,10 +237,11 @@ INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
     for (int64_t b = 0; b < nb; b++, w += 144) {
         uint8_t sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
-        const float dw = fp16_to_f32(read_u16(w)), mw = fp16_to_f32(read_u16(w + 2));
+        const float dw = FP16(w), mw = FP16(w + 2);
         const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const __m128i mn8 = _mm_loadl_epi64((const __m128i *)mn);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mn8, mn8)); /* m0 m0 m1 m1 ... */
+        const __m256 wmin = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))),
+                                          _mm256_set1_ps(-mw));
+        const __m512 dwv = _mm512_set1_ps(dw);
         __m512i wv[4], sv[4];
         for (int h = 0; h < 2; h++) {
             const __m512i raw = _mm512_loadu_si512(w + 16 + 64 * h);
@@ -253,11 +259,9 @@ INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
                 const __m512i p = _mm512_maddubs_epi16(wv[c], _mm512_loadu_si512(xq + 64 * c));
                 isum = _mm512_dpwssd_epi32(isum, p, sv[c]);
             }
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(x->bsums + m * (K / 16) + b * 16));
-            const __m256i msum = _mm256_madd_epi16(bs, mins);
-            const float dx = x->d[m * nb + b];
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * dx), acc[i]);
-            macc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(msum), _mm256_set1_ps(-mw * dx), macc[i]);
+            const __m512 dx = _mm512_set1_ps(x->d[m * nb + b]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, dx), acc[i]);
+            macc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x->fs32 + m * (K / 32) + b * 8), wmin, macc[i]);
         }
     }
     for (int i = 0; i < mt; i++) {
@@ -273,12 +277,14 @@ INLINE void rows_q6k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
     const int64_t nb = K / 256;
     const __m512i low4 = _mm512_set1_epi8(15), two = _mm512_set1_epi8(3);
     const __m512i shift_lo = _mm512_loadu_si512(Q6K_SHIFT[0]), shift_hi = _mm512_loadu_si512(Q6K_SHIFT[1]);
-    __m512 acc[MAX_TILE];
-    for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
+    __m512 acc[MAX_TILE], oacc[MAX_TILE];
+    for (int i = 0; i < mt; i++) acc[i] = oacc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, w += 210) {
-        const float dw = fp16_to_f32(read_u16(w + 208));
+        const float dw = FP16(w + 208);
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
         const __m512i sc512 = _mm512_castsi256_si512(sc16);
+        const __m512 wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sc16)), _mm512_set1_ps(-32.0f * dw));
+        const __m512 dwv = _mm512_set1_ps(dw);
         __m512i wv[4], sv[4];
         for (int h = 0; h < 2; h++) {
             const __m512i ql = _mm512_loadu_si512(w + 64 * h);
@@ -297,26 +303,24 @@ INLINE void rows_q6k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
                 const __m512i p = _mm512_maddubs_epi16(wv[c], _mm512_loadu_si512(xq + 64 * c));
                 isum = _mm512_dpwssd_epi32(isum, p, sv[c]);
             }
-            const __m256i bs = _mm256_loadu_si256((const __m256i *)(x->bsums + m * (K / 16) + b * 16));
-            const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(bs, sc16), 5); /* 32 * scale * sum */
-            isum = _mm512_sub_epi32(isum, _mm512_zextsi256_si512(off));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_set1_ps(dw * x->d[m * nb + b]), acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, _mm512_set1_ps(x->d[m * nb + b])), acc[i]);
+            oacc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x->fs16 + m * (K / 16) + b * 16), wsc, oacc[i]); /* -32 */
         }
     }
-    for (int i = 0; i < mt; i++) out[i] = hsum512(acc[i]);
+    for (int i = 0; i < mt; i++) out[i] = hsum512(_mm512_add_ps(acc[i], oacc[i]));
 }
 
-/* 32-blocks: VNNI multiplies unsigned by signed bytes, so each product takes |w| and x with w's
- * sign (Q5_0's codes are w + 16 and come down first). Two blocks per step, in two accumulators,
- * so that a row's additions do not wait on each other. */
+/* 32-blocks: VNNI multiplies unsigned by signed bytes, so the codes go in as unsigned ones
+ * (Q8_0's plus 128, Q5_0's as stored, plus 16) and each row's accumulator starts from minus the
+ * offset times its 4-code sums of x (`xo`), which takes the offset back off for free. Two blocks
+ * per step, in two accumulators, so that a row's additions do not wait on each other. */
 INLINE __m256i q32_codes(int type, const uint8_t *w) {
-    if (type == TYPE_Q8_0) return _mm256_loadu_si256((const __m256i *)(w + 2));
+    if (type == TYPE_Q8_0) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_set1_epi8((char)0x80));
     uint32_t qh;
     memcpy(&qh, w + 2, 4);
     const __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
     const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));
-    const __m256i high = _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(16));
-    return _mm256_sub_epi8(_mm256_or_si256(nib, high), _mm256_set1_epi8(16));
+    return _mm256_or_si256(nib, _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(16)));
 }
 
 INLINE void rows_q32(const int type, const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt,
@@ -325,16 +329,15 @@ INLINE void rows_q32(const int type, const uint8_t *w, const QuantX *x, int64_t 
     const int size = type == TYPE_Q8_0 ? 34 : 22;
     __m256 acc[2][MAX_TILE];
     for (int i = 0; i < mt; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
-    int64_t b = 0;
-    for (; b < nb; b++, w += size) {
+    for (int64_t b = 0; b < nb; b++, w += size) {
         const int odd = (int)(b & 1);
-        const __m256i sw = q32_codes(type, w);
-        const __m256i u = _mm256_sign_epi8(sw, sw);
-        const __m256 dw = _mm256_set1_ps(fp16_to_f32(read_u16(w)));
+        const __m256i u = q32_codes(type, w);
+        const __m256 dw = _mm256_set1_ps(FP16(w));
         for (int i = 0; i < mt; i++) {
             const int64_t m = m0 + i;
-            const __m256i xv = _mm256_sign_epi8(_mm256_loadu_si256((const __m256i *)(x->q + m * K + b * 32)), sw);
-            const __m256i isum = _mm256_dpbusd_epi32(_mm256_setzero_si256(), u, xv);
+            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + m * K + b * 32));
+            const __m256i start = _mm256_loadu_si256((const __m256i *)(x->xo + m * (K / 4) + b * 8));
+            const __m256i isum = _mm256_dpbusd_epi32(start, u, xv);
             const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(x->d + m * nb + b));
             acc[odd][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[odd][i]);
         }
@@ -408,17 +411,20 @@ int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void 
     QuantX qx;
     qx.q = malloc((size_t)(M * K));
     qx.d = malloc(sizeof(float) * (size_t)(M * nb));
-    qx.dsum = malloc(sizeof(float) * (size_t)(M * nb));
     qx.bsums = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
-    if (!qx.q || !qx.d || !qx.dsum || !qx.bsums) {
-        free(qx.q), free(qx.d), free(qx.dsum), free(qx.bsums);
+    qx.fs16 = malloc(sizeof(float) * (size_t)(M * (K / 16)));
+    qx.fs32 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
+    qx.xo = malloc(sizeof(int32_t) * (size_t)(M * (K / 4)));
+    if (!qx.q || !qx.d || !qx.bsums || !qx.fs16 || !qx.fs32 || !qx.xo) {
+        free(qx.q), free(qx.d), free(qx.bsums), free(qx.fs16), free(qx.fs32), free(qx.xo);
         return -2;
     }
     const size_t esize = x_bf16 ? 2 : 4;
+    const int offset = type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : 0;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
     for (int64_t m = 0; m < M; m++)
-        quantize_row((const char *)x + m * K * esize, x_bf16, K, bv, qx.q + m * K, qx.d + m * nb,
-                     qx.bsums + m * (K / 16), qx.dsum + m * nb);
+        quantize_row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx.q + m * K, qx.d + m * nb,
+                     qx.bsums + m * (K / 16), qx.fs16 + m * (K / 16), qx.fs32 + m * (K / 32), qx.xo + m * (K / 4));
     const int64_t chunks = (N + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) num_threads(threads)
     for (int64_t c = 0; c < chunks; c++) {
@@ -442,7 +448,7 @@ int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void 
             }
         }
     }
-    free(qx.q), free(qx.d), free(qx.dsum), free(qx.bsums);
+    free(qx.q), free(qx.d), free(qx.bsums), free(qx.fs16), free(qx.fs32), free(qx.xo);
     (void)plain;
     return 0;
 }
