@@ -229,10 +229,12 @@ def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None
     return rows, timings
 
 
-def _blocks_built() -> bool:
+def _blocks_built() -> str | None:
+    """The GGUF block kernels' build (its file name holds the source's key), or None."""
     from . import gguf_native
 
-    return gguf_native.load()[0] is not None
+    lib = gguf_native.load()[0]
+    return None if lib is None else lib.path.name
 
 
 def probe_key(info: dict) -> str:
