@@ -53,7 +53,7 @@ from tokenrouter.engine.model.loader import load_tokenizer
 from tokenrouter.eval.results import portable
 from tokenrouter.policies import BiLD, RStitch, Speculative
 
-THREADS = 2
+THREADS = 2  # cores: the process is pinned to this many, llama.cpp and the engine use them all
 MODELS = {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}
 POLICIES = {
     "rstitch": lambda: RStitch(tau=0.03),
@@ -102,7 +102,7 @@ def engine_round(args, paths, precision: str, systems: list[str], round_no: int,
         repeats=1,
         min_requests=args.min_requests,
         kv_cache_tokens=args.kv_cache_tokens,
-        threads=THREADS,
+        threads=None,  # the engine's default on CPU: workers take turns, each step on all THREADS cores
         reuse_engines=True,
         seed=round_no,  # a level's prompts differ between rounds, the same for every system in one
         dtype=dtype,
@@ -242,6 +242,10 @@ if __name__ == "__main__":
     p.add_argument("--simulate-no-bf16", action="store_true", help="the probe answers as on a CPU without bf16")
     p.add_argument("--json", help="write every run, the medians and the machine here (after each round)")
     a = p.parse_args()
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < THREADS:
+        raise SystemExit(f"needs {THREADS} cores, this process may use {len(cores)}")
+    os.sched_setaffinity(0, cores[:THREADS])  # the engine's turns take every usable core: exactly these
     torch.set_num_threads(1)  # the main thread runs no torch op; workers and llama.cpp set their own
     import transformers
 

@@ -7,10 +7,10 @@ blocks, AVX512 VNNI) and takes the GGUF's bytes as they are: no repacking, no se
 
 It is built with the machine's C compiler (`cc -O3 -march=native -fopenmp`) into
 `<home>/kernels/gguf-kernels-<key>.so`, the key made of the source, the compiler and the CPU, so
-that it builds once per machine kind (about a second). Its OpenMP is the one torch already loaded
-(the same `libgomp.so.1`), so its threads are torch's. Without a compiler, or where the build
-fails, `load()` answers None with the reason and the engine keeps torch's kernels;
-`TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
+that it builds once per machine kind (about a second; a new build replaces the old). Its OpenMP
+is the one torch already loaded (the same `libgomp.so.1`), so its threads are torch's. Without
+a compiler, or where the build fails, `load()` answers None with the reason and the engine keeps
+torch's kernels; `TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
 """
 
 from __future__ import annotations
@@ -92,6 +92,9 @@ def _build(folder: Path) -> Path:
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
         os.replace(out, path)
+    for old in folder.glob("gguf-kernels-*.so"):  # earlier builds (a process still using one keeps its mapping)
+        if old != path:
+            old.unlink(missing_ok=True)
     log.info("built the GGUF kernels for this CPU: %s", path)
     return path
 
