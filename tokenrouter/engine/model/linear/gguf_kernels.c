@@ -222,6 +222,16 @@ static const int16_t Q6K_SHIFT[2][32] = {{R16(0), R16(2)}, {R16(4), R16(6)}};
  * row of x keeps its accumulators in registers rather than in memory. */
 #define INLINE static inline __attribute__((always_inline))
 
+/* 256 unsigned codes (four vectors of 64) times 256 int8 x, each int16 pair times its scale:
+ * sixteen int32 lanes. Two chains of two, so that the four multiply-adds do not wait in line. */
+INLINE __m512i dot4(const __m512i wv[4], const __m512i sv[4], const int8_t *xq) {
+    __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], _mm512_loadu_si512(xq)), sv[0]);
+    __m512i b = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], _mm512_loadu_si512(xq + 128)), sv[2]);
+    a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(wv[1], _mm512_loadu_si512(xq + 64)), sv[1]);
+    b = _mm512_dpwssd_epi32(b, _mm512_maddubs_epi16(wv[3], _mm512_loadu_si512(xq + 192)), sv[3]);
+    return _mm512_add_epi32(a, b);
+}
+
 /* One row of Q4_K weights against `mt` rows of x: out[i] = that dot product. */
 INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt, float *out) {
     const int64_t nb = K / 256;
@@ -251,14 +261,11 @@ INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
             wv[2 * h + 1] = _mm512_permutex2var_epi64(lo, second, hi);
         }
         for (int c = 0; c < 4; c++) sv[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(Q4K_PICK[c]), sc16);
+#pragma GCC unroll 8
         for (int i = 0; i < mt; i++) {
             const int64_t m = m0 + i;
             const int8_t *xq = x->q + m * K + b * 256;
-            __m512i isum = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                const __m512i p = _mm512_maddubs_epi16(wv[c], _mm512_loadu_si512(xq + 64 * c));
-                isum = _mm512_dpwssd_epi32(isum, p, sv[c]);
-            }
+            const __m512i isum = dot4(wv, sv, xq);
             const __m512 dx = _mm512_set1_ps(x->d[m * nb + b]);
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, dx), acc[i]);
             macc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x->fs32 + m * (K / 32) + b * 8), wmin, macc[i]);
@@ -295,14 +302,11 @@ INLINE void rows_q6k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
             wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hhi);
         }
         for (int c = 0; c < 4; c++) sv[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(Q6K_PICK[c]), sc512);
+#pragma GCC unroll 8
         for (int i = 0; i < mt; i++) {
             const int64_t m = m0 + i;
             const int8_t *xq = x->q + m * K + b * 256;
-            __m512i isum = _mm512_setzero_si512();
-            for (int c = 0; c < 4; c++) {
-                const __m512i p = _mm512_maddubs_epi16(wv[c], _mm512_loadu_si512(xq + 64 * c));
-                isum = _mm512_dpwssd_epi32(isum, p, sv[c]);
-            }
+            const __m512i isum = dot4(wv, sv, xq);
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, _mm512_set1_ps(x->d[m * nb + b])), acc[i]);
             oacc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x->fs16 + m * (K / 16) + b * 16), wsc, oacc[i]); /* -32 */
         }
@@ -333,6 +337,7 @@ INLINE void rows_q32(const int type, const uint8_t *w, const QuantX *x, int64_t 
         const int odd = (int)(b & 1);
         const __m256i u = q32_codes(type, w);
         const __m256 dw = _mm256_set1_ps(FP16(w));
+#pragma GCC unroll 8
         for (int i = 0; i < mt; i++) {
             const int64_t m = m0 + i;
             const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + m * K + b * 32));
