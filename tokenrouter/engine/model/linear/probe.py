@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
-PROBE_VERSION = 2  # 2: the GGUF block kernels measured beside torch's int4
+PROBE_VERSION = 3  # 2: the GGUF block kernels measured beside torch's int4; 3: each copy timed twice
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -124,7 +124,7 @@ WORKING_SET_BYTES = 256 << 20  # more than any CPU's last-level cache here (this
 
 
 def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) -> dict:
-    """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats`, after a warm-up),
+    """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a warm-up),
     on one shape: torch's 4-bit kernel ("int4"), oneDNN's packed bf16 linear ("bfloat16") and,
     where they built with their fast path, the GGUF block kernels on Q4_K blocks ("blocks").
 
@@ -159,7 +159,7 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
                 for k in ks:
                     k(x)
                 times = []
-                for i in range(repeats):
+                for i in range(max(repeats, 2 * len(ks))):  # every copy twice: one slow call is noise
                     t0 = time.perf_counter()
                     ks[i % len(ks)](x)
                     times.append(time.perf_counter() - t0)
