@@ -97,6 +97,32 @@ def test_the_quantized_kernels_take_the_rows_where_they_are_no_slower():
     assert probe.crossover({"int4": {1: 1.0, 2: 3.0, 4: 1.0}, "bfloat16": {1: 2.0, 2: 2.0, 4: 2.0}}) == 1
 
 
+def test_the_block_kernels_serve_few_rows_only_where_measured_no_slower_than_int4():
+    blocks = {**ROWS_MEASURED, "blocks": {1: 0.5, 2: 0.9, 4: 1.0, 8: 3.0, 16: 6.0, 32: 12.0}}
+    assert probe.few_kernel(blocks) == "blocks" and probe.crossover(blocks) == 4  # its own timings
+    slower = {**ROWS_MEASURED, "blocks": {1: 0.9, 2: 0.9, 4: 0.9}}
+    assert probe.few_kernel(slower) == "int4" and probe.crossover(slower) == 2
+    assert probe.few_kernel(ROWS_MEASURED) == "int4"  # not built here: not measured
+    cached = {k: {str(r): v for r, v in t.items()} for k, t in blocks.items()}
+    assert probe.few_kernel(cached) == "blocks" and probe.crossover(cached) == 4
+
+
+def test_gguf_modes_take_the_block_kernels_where_the_probe_picks_them(monkeypatch, tmp_path):
+    from transformers import AutoConfig
+
+    path = build_tiny_model(tmp_path / "m", "qwen2")
+    config = AutoConfig.from_pretrained(path)
+    fast = probe.PrecisionChoice(*probe.choose(FAST), FAST, "x")
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: fast)
+    for timings, want in [({**ROWS_MEASURED, "blocks": {1: 0.5, 2: 0.9}}, True), (ROWS_MEASURED, False)]:
+        monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, t=timings: (2, t))
+        for quantization in ("gguf", "gguf+bf16"):
+            for dtype in ("auto", "bfloat16"):  # bf16 asked for still probes which kernel
+                spec = ModelSpec(path=path, quantization=quantization, dtype=dtype)
+                p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+                assert p.gguf_blocks is want and ("block kernels" in p.reason) is want, (quantization, dtype)
+
+
 def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
     calls = []
 
@@ -109,7 +135,8 @@ def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2 and len(calls) == 1
     assert list((tmp_path / "probes").glob("rows-*.json"))
     timings = probe.measure_quantized((64, 64), threads=1, repeats=1)  # the real measurement runs
-    assert set(timings) == {"int4", "bfloat16"} and set(timings["int4"]) == set(probe.QUANTIZED_ROWS)
+    assert {"int4", "bfloat16"} <= set(timings) <= {"int4", "bfloat16", "blocks"}
+    assert set(timings["int4"]) == set(probe.QUANTIZED_ROWS)
 
 
 def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkeypatch, tmp_path):
