@@ -4,8 +4,9 @@
   a GPU without bfloat16), as vLLM does, said in the log (`gpu_dtype`).
 - On CPU with `dtype="auto"`, the faster of float32 and bfloat16 for this model on this machine,
   measured (`linear/probe.py`).
-- `quantization="gguf"` keeps a GGUF checkpoint's Q4_K tensors 4-bit and its other quantized ones
-  int8 (`linear/kernels.py`); those kernels take bfloat16 activations, so it computes in bf16.
+- `quantization="gguf"` computes a GGUF checkpoint's quantized tensors from the file's own blocks
+  (the GGUF block kernels, where a probe measures them faster than torch's) or as torch's 4-bit
+  and int8 kernels (`linear/kernels.py`); both take bfloat16 in and out, so it computes in bf16.
   Where bf16 is not the faster dtype (no native bf16 on this CPU) it falls back to float32 with
   the weights dequantized, and says why: nothing gets slower than float32 would be.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
@@ -109,7 +110,8 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     blocks = probe.few_kernel(timings) == "blocks"
     kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
     if quantization == "gguf":
-        return Precision(torch.bfloat16, "gguf", f"{kernel}, bf16 activations; {reason}", gguf_blocks=blocks)
+        why = f"{kernel} for the quantized layers, bf16 between them; {reason}"
+        return Precision(torch.bfloat16, "gguf", why, gguf_blocks=blocks)
     why = f"{kernel} up to {rows} rows, measured faster than bf16 there; {reason}"
     return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows, gguf_blocks=blocks)
 

@@ -204,6 +204,12 @@ static float dot_q5_0_ref(const uint8_t *w, const int8_t *q, const float *d, int
 
 static float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
 
+static float hsum256(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
+
 #define FP16(p) _cvtsh_ss(read_u16(p)) /* F16C: one instruction, where fp16_to_f32 takes a dozen */
 
 /* Which scale each int16 lane of a 64-weight chunk takes: Q4_K's two sub-blocks of 32 (16 lanes
@@ -271,13 +277,7 @@ INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, c
             macc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x->fs32 + m * (K / 32) + b * 8), wmin, macc[i]);
         }
     }
-    for (int i = 0; i < mt; i++) {
-        __m256 m = macc[i];
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        out[i] = hsum512(acc[i]) + _mm_cvtss_f32(s);
-    }
+    for (int i = 0; i < mt; i++) out[i] = hsum512(acc[i]) + hsum256(macc[i]);
 }
 
 INLINE void rows_q6k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt, float *out) {
@@ -347,13 +347,7 @@ INLINE void rows_q32(const int type, const uint8_t *w, const QuantX *x, int64_t 
             acc[odd][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[odd][i]);
         }
     }
-    for (int i = 0; i < mt; i++) {
-        __m256 v = _mm256_add_ps(acc[0][i], acc[1][i]);
-        __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-        s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        s = _mm_add_ss(s, _mm_movehdup_ps(s));
-        out[i] = _mm_cvtss_f32(s);
-    }
+    for (int i = 0; i < mt; i++) out[i] = hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
 }
 
 /* One row of W against `mt` rows of x, with `mt` a constant in each copy. */
