@@ -2,12 +2,12 @@
 weights for steps of few rows, a bf16 copy packed for oneDNN for steps of many.
 
 A decode step of a few requests reads every weight once and computes little, so fewer bytes per
-weight win: the 4-bit kernel beats bf16 at 1-4 rows (0.55 against 0.77 ms for the demo 1.5B's
-MLP layer at one row). Its dequantization is paid per row, so from some 8 rows on bf16 wins (1.53
-against 2.96 ms at 16 rows), and a prefill of hundreds of rows is 2-3x faster in bf16. Holding
-both costs the bf16 copy's memory on top (3.1 GB for the 1.5B): `ModelSpec(quantization=
-"gguf+bf16")` pays it, `"gguf"` does not. Where the two cross is measured per machine
-(`probe.quantized_rows`).
+weight win: the quantized kernels beat bf16 at 1-2 rows (0.16-0.21 against 0.42 ms for the demo
+1.5B's 8960x1536 MLP layer at one row, benchmarks/bench_gguf_blocks.py). Their work grows with
+every row, so from some 4-8 rows on bf16 wins (0.73 against 1.3-1.4 ms at 16 rows), and a prefill
+of hundreds of rows is several times faster in bf16. Holding both costs the bf16 copy's memory
+on top (3.1 GB for the 1.5B): `ModelSpec(quantization="gguf+bf16")` pays it, `"gguf"` does not.
+Where the two cross is measured per machine (`probe.quantized_rows`).
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ static uint16_t read_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8
 typedef struct {
     int8_t *q;      /* [M][K] */
     float *d;       /* [M][K / block] */
-    int16_t *bsums; /* [M][K / 16]: sums of each 16 codes (the plain K-quant dot products) */
+    int16_t *bsums; /* [M][K / 16]: sums of each 16 codes (K-quants; the plain dot products) */
     float *fs16;    /* [M][K / 16]: d * each 16 codes' sum (Q6_K's offset, scaled per row of W) */
     float *fs32;    /* [M][K / 32]: d * each 32 codes' sum (Q4_K's mins) */
     int32_t *xo;    /* [M][K / 4]: -offset * each 4 codes' sum (Q8_0's and Q5_0's unsigned codes) */
@@ -93,17 +93,20 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int of
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
         for (int i = 0; i < block; i++) q[b * block + i] = (int8_t)nearbyintf(buf[i] * inv);
         d[b] = scale;
-        for (int j = 0; j < block / 16; j++) {
+        if (offset != 0) { /* 32-blocks: what the unsigned codes' offset takes back */
+            for (int j = 0; j < block / 4; j++) {
+                const int8_t *c = q + b * block + 4 * j;
+                xo[b * (block / 4) + j] = -offset * (c[0] + c[1] + c[2] + c[3]);
+            }
+            continue;
+        }
+        for (int j = 0; j < block / 16; j++) { /* K-quants: sums of 16 and 32 codes */
             int s = 0;
             for (int i = 0; i < 16; i++) s += q[b * block + j * 16 + i];
             int64_t at = b * (block / 16) + j;
             bsums[at] = (int16_t)s;
             fs16[at] = scale * (float)s;
             if (j & 1) fs32[at / 2] = scale * (float)(bsums[at - 1] + s);
-        }
-        for (int j = 0; j < block / 4; j++) {
-            const int8_t *c = q + b * block + 4 * j;
-            xo[b * (block / 4) + j] = -offset * (c[0] + c[1] + c[2] + c[3]);
         }
     }
 }
