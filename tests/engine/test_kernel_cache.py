@@ -8,20 +8,23 @@ import pytest
 import torch
 
 from tokenrouter import ModelSpec
-from tokenrouter.engine.model.linear import int4, int8_weights, kernel_cache, kernels
+from tokenrouter.engine.model.linear import gguf_native, int4, int8_weights, kernel_cache, kernels
 from tokenrouter.engine.model.loader import load_model
 from tokenrouter.testing import build_tiny_model, write_gguf
 
 
 @pytest.fixture
 def gguf_model(tmp_path, tokenizer, monkeypatch):
-    """A tiny Qwen2 with its GGUF beside it, its kernels kept in tmp_path/kernels.safetensors."""
+    """A tiny Qwen2 with its GGUF beside it, its kernels kept in tmp_path/kernels.safetensors.
+    torch's kernels serve (the cache is theirs): where the GGUF block kernels build, the probe
+    would pick them or not by the machine's timings."""
     path = build_tiny_model(
         tmp_path / "m", "qwen2", tokenizer=tokenizer, hidden_size=256, intermediate_size=320, num_attention_heads=4
     )
     write_gguf(path)  # Q4_K where rows are multiples of 256 long, Q8_0 elsewhere
     cache = tmp_path / "kernels.safetensors"
     monkeypatch.setattr(kernel_cache, "cache_path", lambda gguf_path, home=None: cache)
+    monkeypatch.setenv(gguf_native.ENV, "off")
     return path, cache
 
 

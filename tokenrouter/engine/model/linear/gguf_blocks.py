@@ -1,11 +1,12 @@
 """A linear layer computed straight from its GGUF tensor's blocks (`gguf_native.py`): Q4_K, Q6_K,
 Q5_0 and Q8_0, as llama.cpp computes them.
 
-The weight stays the file's bytes (4.5 bits a Q4_K weight, 6.6 a Q6_K one, where torch's int8
-kernel holds a Q6_K tensor in 8). Each call quantizes its rows of x to int8 per block (a scale
-per 256 values for the K-quants, per 32 for the others) and runs integer dot products: llama.cpp's
-arithmetic, so its results differ from a float32 matmul of the dequantized weights by that
-rounding of x (about 0.7% of the output's norm on the demo models' layers).
+The weight keeps the file's bits (4.5 a Q4_K weight, 6.6 a Q6_K one, where torch's int8 kernel
+holds a Q6_K tensor in 8), repacked at load, 16 rows interleaved, where the library has its fast
+path. Each call quantizes its rows of x to int8 per block (a scale per 256 values for the
+K-quants, per 32 for the others) and runs integer dot products: llama.cpp's arithmetic, so its
+results differ from a float32 matmul of the dequantized weights by that rounding of x (about 0.7%
+of the output's norm on the demo models' layers).
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ class GGUFBlockLinear(torch.nn.Module):
             raise ValueError(f"{kind} blocks of a {shape[0]}x{shape[1]} weight: got {got}")
         self.lib, self.kind = lib, kind
         self.out_features, self.in_features = shape
-        self.blocks = blocks.contiguous()
+        self.packed = lib.fast  # the fast path's layout (16 rows interleaved), else the file's own
+        self.blocks = gguf_native.repack(lib, kind, blocks, shape) if self.packed else blocks.contiguous()
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.weight = torch.empty(*shape, device="meta")
 
@@ -54,7 +56,13 @@ class GGUFBlockLinear(torch.nn.Module):
         if flat.dtype not in (torch.float32, torch.bfloat16):
             flat = flat.float()
         y = gguf_native.matmul(
-            self.lib, self.kind, self.blocks, (self.out_features, self.in_features), flat.contiguous(), self.bias
+            self.lib,
+            self.kind,
+            self.blocks,
+            (self.out_features, self.in_features),
+            flat.contiguous(),
+            self.bias,
+            packed=self.packed,
         )
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 

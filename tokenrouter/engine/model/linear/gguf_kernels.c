@@ -24,8 +24,6 @@
 #endif
 
 enum { TYPE_Q8_0 = 8, TYPE_Q5_0 = 6, TYPE_Q4_K = 12, TYPE_Q6_K = 14 }; /* ggml's type numbers */
-enum { MAX_TILE = 8 };                                                  /* rows of x per pass */
-enum { CHUNK = 16 };                                                    /* rows of W per task */
 
 static float fp16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
@@ -70,16 +68,15 @@ static uint16_t read_u16(const uint8_t *p) { return (uint16_t)(p[0] | (p[1] << 8
 /* ---- x quantized to int8: per row, blocks of `block` values, each with a float scale ---- */
 
 typedef struct {
-    int8_t *q;      /* [M][K] */
-    float *d;       /* [M][K / block] */
-    int16_t *bsums; /* [M][K / 16]: sums of each 16 codes (K-quants; the plain dot products) */
-    float *fs16;    /* [M][K / 16]: d * each 16 codes' sum (Q6_K's offset, scaled per row of W) */
-    float *fs32;    /* [M][K / 32]: d * each 32 codes' sum (Q4_K's mins) */
-    int32_t *xo;    /* [M][K / 4]: -offset * each 4 codes' sum (Q8_0's and Q5_0's unsigned codes) */
+    int8_t *q;       /* [M][K] */
+    float *d;        /* [M][K / block] */
+    int16_t *bsums;  /* [M][K / 16]: sums of each 16 codes (K-quants: Q6_K's offset of 32) */
+    int16_t *bsum32; /* [M][K / 32]: sums of each 32 codes (K-quants: Q4_K's mins) */
+    int32_t *xo;     /* [M][K / 32]: -offset * each 32 codes' sum (Q8_0's and Q5_0's unsigned codes) */
 } QuantX;
 
 static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int offset, int8_t *q, float *d,
-                         int16_t *bsums, float *fs16, float *fs32, int32_t *xo) {
+                         int16_t *bsums, int16_t *bsum32, int32_t *xo) {
     float buf[256];
     for (int64_t b = 0; b < K / block; b++) {
         float amax = 0.0f;
@@ -91,22 +88,20 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int of
             amax = a > amax ? a : amax;
         }
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        for (int i = 0; i < block; i++) q[b * block + i] = (int8_t)nearbyintf(buf[i] * inv);
+        int8_t *c = q + b * block;
+        for (int i = 0; i < block; i++) c[i] = (int8_t)nearbyintf(buf[i] * inv);
         d[b] = scale;
         if (offset != 0) { /* 32-blocks: what the unsigned codes' offset takes back */
-            for (int j = 0; j < block / 4; j++) {
-                const int8_t *c = q + b * block + 4 * j;
-                xo[b * (block / 4) + j] = -offset * (c[0] + c[1] + c[2] + c[3]);
-            }
+            int s = 0;
+            for (int i = 0; i < 32; i++) s += c[i];
+            xo[b] = -offset * s;
             continue;
         }
         for (int j = 0; j < block / 16; j++) { /* K-quants: sums of 16 and 32 codes */
             int s = 0;
-            for (int i = 0; i < 16; i++) s += q[b * block + j * 16 + i];
-            int64_t at = b * (block / 16) + j;
-            bsums[at] = (int16_t)s;
-            fs16[at] = scale * (float)s;
-            if (j & 1) fs32[at / 2] = scale * (float)(bsums[at - 1] + s);
+            for (int i = 0; i < 16; i++) s += c[j * 16 + i];
+            bsums[b * (block / 16) + j] = (int16_t)s;
+            if (j & 1) bsum32[b * (block / 32) + j / 2] = (int16_t)(bsums[b * (block / 16) + j - 1] + s);
         }
     }
 }
@@ -203,173 +198,6 @@ static float dot_q5_0_ref(const uint8_t *w, const int8_t *q, const float *d, int
     return acc;
 }
 
-#if TR_AVX512
-
-static float hsum512(__m512 v) { return _mm512_reduce_add_ps(v); }
-
-static float hsum256(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
-}
-
-#define FP16(p) _cvtsh_ss(read_u16(p)) /* F16C: one instruction, where fp16_to_f32 takes a dozen */
-
-/* Which scale each int16 lane of a 64-weight chunk takes: Q4_K's two sub-blocks of 32 (16 lanes
- * each), Q6_K's four groups of 16 (8 lanes each); and Q6_K's shifts bringing each 32 weights'
- * pair of high bits down (per half of the 64-byte vector). */
-#define R16(v) v, v, v, v, v, v, v, v, v, v, v, v, v, v, v, v
-#define R8(v) v, v, v, v, v, v, v, v
-static const int16_t Q4K_PICK[4][32] = {{R16(0), R16(1)}, {R16(2), R16(3)}, {R16(4), R16(5)}, {R16(6), R16(7)}};
-static const int16_t Q6K_PICK[4][32] = {{R8(0), R8(1), R8(2), R8(3)},
-                                        {R8(4), R8(5), R8(6), R8(7)},
-                                        {R8(8), R8(9), R8(10), R8(11)},
-                                        {R8(12), R8(13), R8(14), R8(15)}};
-static const int16_t Q6K_SHIFT[2][32] = {{R16(0), R16(2)}, {R16(4), R16(6)}};
-
-/* The dot products below are inlined once per tile height `mt` (a constant there), so that each
- * row of x keeps its accumulators in registers rather than in memory. */
-#define INLINE static inline __attribute__((always_inline))
-
-/* 256 unsigned codes (four vectors of 64) times 256 int8 x, each int16 pair times its scale:
- * sixteen int32 lanes. Two chains of two, so that the four multiply-adds do not wait in line. */
-INLINE __m512i dot4(const __m512i wv[4], const __m512i sv[4], const int8_t *xq) {
-    __m512i a = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[0], _mm512_loadu_si512(xq)), sv[0]);
-    __m512i b = _mm512_madd_epi16(_mm512_maddubs_epi16(wv[2], _mm512_loadu_si512(xq + 128)), sv[2]);
-    a = _mm512_dpwssd_epi32(a, _mm512_maddubs_epi16(wv[1], _mm512_loadu_si512(xq + 64)), sv[1]);
-    b = _mm512_dpwssd_epi32(b, _mm512_maddubs_epi16(wv[3], _mm512_loadu_si512(xq + 192)), sv[3]);
-    return _mm512_add_epi32(a, b);
-}
-
-/* One row of Q4_K weights against `mt` rows of x: out[i] = that dot product. */
-INLINE void rows_q4k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt, float *out) {
-    const int64_t nb = K / 256;
-    const __m512i low4 = _mm512_set1_epi8(15);
-    const __m512i first = _mm512_set_epi64(11, 10, 9, 8, 3, 2, 1, 0);
-    const __m512i second = _mm512_set_epi64(15, 14, 13, 12, 7, 6, 5, 4);
-    __m512 acc[MAX_TILE];
-    __m256 macc[MAX_TILE];
-    for (int i = 0; i < mt; i++) {
-        acc[i] = _mm512_setzero_ps();
-        macc[i] = _mm256_setzero_ps();
-    }
-    for (int64_t b = 0; b < nb; b++, w += 144) {
-        uint8_t sc[8], mn[8];
-        q4k_scales(w + 4, sc, mn);
-        const float dw = FP16(w), mw = FP16(w + 2);
-        const __m512i sc16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)sc)));
-        const __m256 wmin = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)mn))),
-                                          _mm256_set1_ps(-mw));
-        const __m512 dwv = _mm512_set1_ps(dw);
-        __m512i wv[4], sv[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i raw = _mm512_loadu_si512(w + 16 + 64 * h);
-            const __m512i lo = _mm512_and_si512(raw, low4);                        /* sub 4h, 4h+2 */
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);  /* sub 4h+1, 4h+3 */
-            wv[2 * h] = _mm512_permutex2var_epi64(lo, first, hi);
-            wv[2 * h + 1] = _mm512_permutex2var_epi64(lo, second, hi);
-        }
-        for (int c = 0; c < 4; c++) sv[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(Q4K_PICK[c]), sc16);
-#pragma GCC unroll 8
-        for (int i = 0; i < mt; i++) {
-            const int64_t m = m0 + i;
-            const int8_t *xq = x->q + m * K + b * 256;
-            const __m512i isum = dot4(wv, sv, xq);
-            const __m512 dx = _mm512_set1_ps(x->d[m * nb + b]);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, dx), acc[i]);
-            macc[i] = _mm256_fmadd_ps(_mm256_loadu_ps(x->fs32 + m * (K / 32) + b * 8), wmin, macc[i]);
-        }
-    }
-    for (int i = 0; i < mt; i++) out[i] = hsum512(acc[i]) + hsum256(macc[i]);
-}
-
-INLINE void rows_q6k(const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt, float *out) {
-    const int64_t nb = K / 256;
-    const __m512i low4 = _mm512_set1_epi8(15), two = _mm512_set1_epi8(3);
-    const __m512i shift_lo = _mm512_loadu_si512(Q6K_SHIFT[0]), shift_hi = _mm512_loadu_si512(Q6K_SHIFT[1]);
-    __m512 acc[MAX_TILE], oacc[MAX_TILE];
-    for (int i = 0; i < mt; i++) acc[i] = oacc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += 210) {
-        const float dw = FP16(w + 208);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(w + 192)));
-        const __m512i sc512 = _mm512_castsi256_si512(sc16);
-        const __m512 wsc = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi16_epi32(sc16)), _mm512_set1_ps(-32.0f * dw));
-        const __m512 dwv = _mm512_set1_ps(dw);
-        __m512i wv[4], sv[4];
-        for (int h = 0; h < 2; h++) {
-            const __m512i ql = _mm512_loadu_si512(w + 64 * h);
-            const __m512i qh = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(w + 128 + 32 * h)));
-            const __m512i hlo = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_lo), two), 4);
-            const __m512i hhi = _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(qh, shift_hi), two), 4);
-            wv[2 * h] = _mm512_or_si512(_mm512_and_si512(ql, low4), hlo);
-            wv[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(ql, 4), low4), hhi);
-        }
-        for (int c = 0; c < 4; c++) sv[c] = _mm512_permutexvar_epi16(_mm512_loadu_si512(Q6K_PICK[c]), sc512);
-#pragma GCC unroll 8
-        for (int i = 0; i < mt; i++) {
-            const int64_t m = m0 + i;
-            const int8_t *xq = x->q + m * K + b * 256;
-            const __m512i isum = dot4(wv, sv, xq);
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), _mm512_mul_ps(dwv, _mm512_set1_ps(x->d[m * nb + b])), acc[i]);
-            oacc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x->fs16 + m * (K / 16) + b * 16), wsc, oacc[i]); /* -32 */
-        }
-    }
-    for (int i = 0; i < mt; i++) out[i] = hsum512(_mm512_add_ps(acc[i], oacc[i]));
-}
-
-/* 32-blocks: VNNI multiplies unsigned by signed bytes, so the codes go in as unsigned ones
- * (Q8_0's plus 128, Q5_0's as stored, plus 16) and each row's accumulator starts from minus the
- * offset times its 4-code sums of x (`xo`), which takes the offset back off for free. Two blocks
- * per step, in two accumulators, so that a row's additions do not wait on each other. */
-INLINE __m256i q32_codes(int type, const uint8_t *w) {
-    if (type == TYPE_Q8_0) return _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(w + 2)), _mm256_set1_epi8((char)0x80));
-    uint32_t qh;
-    memcpy(&qh, w + 2, 4);
-    const __m128i qs = _mm_loadu_si128((const __m128i *)(w + 6));
-    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(qs, 4), qs), _mm256_set1_epi8(15));
-    return _mm256_or_si256(nib, _mm256_and_si256(_mm256_movm_epi8(qh), _mm256_set1_epi8(16)));
-}
-
-INLINE void rows_q32(const int type, const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, const int mt,
-                     float *out) {
-    const int64_t nb = K / 32;
-    const int size = type == TYPE_Q8_0 ? 34 : 22;
-    __m256 acc[2][MAX_TILE];
-    for (int i = 0; i < mt; i++) acc[0][i] = acc[1][i] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, w += size) {
-        const int odd = (int)(b & 1);
-        const __m256i u = q32_codes(type, w);
-        const __m256 dw = _mm256_set1_ps(FP16(w));
-#pragma GCC unroll 8
-        for (int i = 0; i < mt; i++) {
-            const int64_t m = m0 + i;
-            const __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q + m * K + b * 32));
-            const __m256i start = _mm256_loadu_si256((const __m256i *)(x->xo + m * (K / 4) + b * 8));
-            const __m256i isum = _mm256_dpbusd_epi32(start, u, xv);
-            const __m256 scale = _mm256_mul_ps(dw, _mm256_broadcast_ss(x->d + m * nb + b));
-            acc[odd][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), scale, acc[odd][i]);
-        }
-    }
-    for (int i = 0; i < mt; i++) out[i] = hsum256(_mm256_add_ps(acc[0][i], acc[1][i]));
-}
-
-/* One row of W against `mt` rows of x, with `mt` a constant in each copy. */
-static void rows_fast(int type, const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, int mt, float *out) {
-#define TILE(n)                                                                                                      \
-    case n:                                                                                                          \
-        if (type == TYPE_Q4_K) rows_q4k(w, x, K, m0, n, out);                                                        \
-        else if (type == TYPE_Q6_K) rows_q6k(w, x, K, m0, n, out);                                                   \
-        else if (type == TYPE_Q8_0) rows_q32(TYPE_Q8_0, w, x, K, m0, n, out);                                        \
-        else rows_q32(TYPE_Q5_0, w, x, K, m0, n, out);                                                               \
-        break;
-    switch (mt) {
-        TILE(1) TILE(2) TILE(3) TILE(4) TILE(5) TILE(6) TILE(7) TILE(8)
-    }
-#undef TILE
-}
-
-#endif
-
 static int block_bytes(int type) {
     switch (type) {
     case TYPE_Q4_K: return 144;
@@ -382,75 +210,453 @@ static int block_bytes(int type) {
 
 static int block_values(int type) { return type == TYPE_Q4_K || type == TYPE_Q6_K ? 256 : 32; }
 
-static void rows_ref(int type, const uint8_t *w, const QuantX *x, int64_t K, int64_t m0, int mt, float *out) {
+#if TR_AVX512
+/* quantize_row with AVX512: the same float operations (max |x|, x * 127 / max rounded to nearest
+ * even, saturated to int8), 16 values at a time. Scalar, it cost as much as the matmul it feeds for
+ * a layer of few output rows. */
+static __m512 load16(const void *x, int x_bf16, int64_t k) {
+    if (!x_bf16) return _mm512_loadu_ps((const float *)x + k);
+    const __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)x + k));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static void quantize_row_fast(const void *x, int x_bf16, int64_t K, int block, int offset, int8_t *q, float *d,
+                              int16_t *bsums, int16_t *bsum32, int32_t *xo) {
+    const __m512 sign = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t b = 0; b < K / block; b++) {
+        __m512 v[16], amax = _mm512_setzero_ps();
+        const int n = block / 16;
+        for (int i = 0; i < n; i++) {
+            v[i] = load16(x, x_bf16, b * block + 16 * i);
+            amax = _mm512_max_ps(amax, _mm512_and_ps(v[i], sign));
+        }
+        const float mx = _mm512_reduce_max_ps(amax);
+        const __m512 inv = _mm512_set1_ps(mx > 0.0f ? 127.0f / mx : 0.0f);
+        d[b] = mx / 127.0f;
+        int s32 = 0;
+        for (int i = 0; i < n; i++) {
+            const __m512i c = _mm512_cvtps_epi32(_mm512_mul_ps(v[i], inv));
+            _mm_storeu_si128((__m128i *)(q + b * block + 16 * i), _mm512_cvtsepi32_epi8(c));
+            const int s = _mm512_reduce_add_epi32(c);
+            if (offset != 0) {
+                s32 += s;
+                continue;
+            }
+            bsums[b * n + i] = (int16_t)s;
+            if (i & 1) bsum32[b * (n / 2) + i / 2] = (int16_t)(bsums[b * n + i - 1] + s);
+        }
+        if (offset != 0) xo[b] = -offset * s32;
+    }
+}
+#endif
+
+/* ---- x rounded to int8 for M rows at once (in parallel where M > 1) ---- */
+
+static int quantize_x(int type, const void *x, int x_bf16, int64_t K, int64_t M, int threads, int plain, QuantX *qx) {
     const int bv = block_values(type);
     const int64_t nb = K / bv;
-    for (int i = 0; i < mt; i++) {
-        const int64_t m = m0 + i;
-        const int8_t *q = x->q + m * K;
-        const float *d = x->d + m * nb;
-        const int16_t *bs = x->bsums + m * (K / 16);
-        switch (type) {
-        case TYPE_Q4_K: out[i] = dot_q4k_ref(w, q, d, bs, nb); break;
-        case TYPE_Q6_K: out[i] = dot_q6k_ref(w, q, d, bs, nb); break;
-        case TYPE_Q8_0: out[i] = dot_q8_0_ref(w, q, d, nb); break;
-        default: out[i] = dot_q5_0_ref(w, q, d, nb); break;
+    qx->q = malloc((size_t)(M * K));
+    qx->d = malloc(sizeof(float) * (size_t)(M * nb));
+    qx->bsums = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
+    qx->bsum32 = malloc(sizeof(int16_t) * (size_t)(M * (K / 32)));
+    qx->xo = malloc(sizeof(int32_t) * (size_t)(M * (K / 32)));
+    if (!qx->q || !qx->d || !qx->bsums || !qx->bsum32 || !qx->xo) return -2;
+    const size_t esize = x_bf16 ? 2 : 4;
+    const int offset = type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : 0;
+#pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
+    for (int64_t m = 0; m < M; m++) {
+        void (*row)(const void *, int, int64_t, int, int, int8_t *, float *, int16_t *, int16_t *, int32_t *) = quantize_row;
+#if TR_AVX512
+        if (!plain) row = quantize_row_fast;
+#endif
+        row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx->q + m * K, qx->d + m * nb, qx->bsums + m * (K / 16),
+            qx->bsum32 + m * (K / 32), qx->xo + m * (K / 32));
+    }
+    (void)plain;
+    return 0;
+}
+
+static void free_x(QuantX *qx) { free(qx->q), free(qx->d), free(qx->bsums), free(qx->bsum32), free(qx->xo); }
+
+static void store(float v, int y_bf16, void *y, int64_t at) {
+    if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(v);
+    else ((float *)y)[at] = v;
+}
+
+static void rows_ref(int type, const uint8_t *w, const QuantX *x, int64_t K, int64_t m, float *out) {
+    const int64_t nb = K / block_values(type);
+    const int8_t *q = x->q + m * K;
+    const float *d = x->d + m * nb;
+    const int16_t *bs = x->bsums + m * (K / 16);
+    switch (type) {
+    case TYPE_Q4_K: *out = dot_q4k_ref(w, q, d, bs, nb); break;
+    case TYPE_Q6_K: *out = dot_q6k_ref(w, q, d, bs, nb); break;
+    case TYPE_Q8_0: *out = dot_q8_0_ref(w, q, d, nb); break;
+    default: *out = dot_q5_0_ref(w, q, d, nb); break;
+    }
+}
+
+/* y[M][N] = x[M][K] . W[N][K]^T (+ bias[N]) in plain C, W as the GGUF file holds it: N rows of
+ * K / block_values(type) blocks. x and y are float32 or bf16 (the flags). What any CPU can run, and
+ * what the tests hold the fast path to. Returns 0, -1 for a type or shape it cannot take, -2 out
+ * of memory. */
+int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int x_bf16, int64_t M, void *y,
+                   int y_bf16, const float *bias, int threads) {
+    const int bb = block_bytes(type), bv = block_values(type);
+    if (bb == 0 || K % bv != 0 || N <= 0 || M <= 0) return -1;
+    const int64_t row_bytes = K / bv * bb;
+    QuantX qx;
+    if (quantize_x(type, x, x_bf16, K, M, threads, 1, &qx) != 0) {
+        free_x(&qx);
+        return -2;
+    }
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t n = 0; n < N; n++)
+        for (int64_t m = 0; m < M; m++) {
+            float out;
+            rows_ref(type, w + n * row_bytes, &qx, K, m, &out);
+            store(out + (bias ? bias[n] : 0.0f), y_bf16, y, m * N + n);
+        }
+    free_x(&qx);
+    return 0;
+}
+
+/* ---- The fast path: W repacked, 16 rows at a time ----
+ *
+ * A decode step of few rows reads each weight once, so it wants few bytes a weight; a step of 16
+ * rows wants few instructions a product. Both at once: 16 rows of W interleaved, one per 32-bit
+ * lane of a 512-bit vector, so that one VNNI instruction (vpdpbusd) multiplies 4 codes of each of
+ * the 16 rows by the same 4 int8 values of a row of x (broadcast) and adds them up: 64 products,
+ * no horizontal sums, and each block's float scaling done once for 16 rows. Repacked once at load,
+ * to the same size give or take the scales (Q4_K 148 bytes a block instead of 144, the others
+ * equal); rows past N pad the last group with zeros. The arithmetic is the same integer sums as
+ * the plain path's, scaled per block as llama.cpp does.
+ *
+ * Per group of 16 rows and block, `g` bytes (codes: "chunk" c = 8 values of each row, lane L
+ * holding row L's values 8c..8c+3 in its 4 bytes' low nibbles and 8c+4..8c+7 in the high ones):
+ *   Q4_K (2368): 32 chunks of codes; scales [8][16] u8; mins [4][16][2] u8 (pairs of sub-blocks);
+ *                d [16], dmin [16] fp16
+ *   Q6_K (3360): 32 chunks of low nibbles; 16 vectors of high bit pairs, vector v lane L byte k:
+ *                bits 0-1, 2-3, 4-5, 6-7 = values 16v+k, +4, +8, +12; scales [8][16][2] int8
+ *                (pairs of 16-value groups); d [16] fp16
+ *   Q8_0 (544):  8 vectors of codes + 128, vector v lane L = row L's values 4v..4v+3; d [16] fp16
+ *   Q5_0 (352):  4 chunks of low nibbles; 8 masks of 64 high bits (mask v: vector v's bytes);
+ *                d [16] fp16
+ */
+
+enum { GROUP = 16 };
+
+static int group_bytes(int type) {
+    switch (type) {
+    case TYPE_Q4_K: return 2368;
+    case TYPE_Q6_K: return 3360;
+    case TYPE_Q8_0: return 544;
+    case TYPE_Q5_0: return 352;
+    default: return 0;
+    }
+}
+
+/* One block of one row, decoded: its codes (unsigned), scales and fp16 scale bits. */
+typedef struct {
+    uint8_t code[256];
+    uint8_t sc[16], mn[8];
+    uint16_t d, dmin;
+} Decoded;
+
+static void decode_block(int type, const uint8_t *w, Decoded *o) {
+    memset(o, 0, sizeof *o);
+    if (type == TYPE_Q4_K) {
+        o->d = read_u16(w), o->dmin = read_u16(w + 2);
+        q4k_scales(w + 4, o->sc, o->mn);
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 32; l++) {
+                o->code[64 * j + l] = w[16 + 32 * j + l] & 15;
+                o->code[64 * j + 32 + l] = w[16 + 32 * j + l] >> 4;
+            }
+    } else if (type == TYPE_Q6_K) {
+        o->d = read_u16(w + 208);
+        memcpy(o->sc, w + 192, 16);
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = w + 64 * h, *qh = w + 128 + 32 * h;
+            uint8_t *c = o->code + 128 * h;
+            for (int l = 0; l < 32; l++) {
+                c[l] = (ql[l] & 15) | ((qh[l] & 3) << 4);
+                c[l + 32] = (ql[l + 32] & 15) | (((qh[l] >> 2) & 3) << 4);
+                c[l + 64] = (ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4);
+                c[l + 96] = (ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4);
+            }
+        }
+    } else if (type == TYPE_Q8_0) {
+        o->d = read_u16(w);
+        for (int l = 0; l < 32; l++) o->code[l] = (uint8_t)(w[2 + l] ^ 0x80); /* int8 + 128 */
+    } else {
+        o->d = read_u16(w);
+        uint32_t qh;
+        memcpy(&qh, w + 2, 4);
+        for (int l = 0; l < 16; l++) {
+            o->code[l] = (w[6 + l] & 15) | (((qh >> l) & 1) << 4);
+            o->code[l + 16] = (w[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
         }
     }
 }
 
+static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
+
+/* Rows 16g..16g+15 of block b, decoded (`r[L]`, zeros past N), written in the group layout. */
+static void pack_group(int type, const Decoded r[GROUP], uint8_t *g) {
+    for (int L = 0; L < GROUP; L++) {
+        const uint8_t *c = r[L].code;
+        if (type == TYPE_Q8_0) {
+            for (int v = 0; v < 8; v++) memcpy(g + 64 * v + 4 * L, c + 4 * v, 4);
+            put_u16(g + 512 + 2 * L, r[L].d);
+            continue;
+        }
+        const int chunks = type == TYPE_Q5_0 ? 4 : 32;
+        for (int ch = 0; ch < chunks; ch++)
+            for (int k = 0; k < 4; k++) g[64 * ch + 4 * L + k] = (c[8 * ch + k] & 15) | ((c[8 * ch + 4 + k] & 15) << 4);
+        if (type == TYPE_Q4_K) {
+            for (int j = 0; j < 8; j++) g[2048 + 16 * j + L] = r[L].sc[j];
+            for (int p = 0; p < 4; p++) g[2176 + 32 * p + 2 * L] = r[L].mn[2 * p], g[2176 + 32 * p + 2 * L + 1] = r[L].mn[2 * p + 1];
+            put_u16(g + 2304 + 2 * L, r[L].d), put_u16(g + 2336 + 2 * L, r[L].dmin);
+        } else if (type == TYPE_Q6_K) {
+            for (int v = 0; v < 16; v++)
+                for (int k = 0; k < 4; k++) {
+                    const uint8_t *e = c + 16 * v + k;
+                    g[2048 + 64 * v + 4 * L + k] = (e[0] >> 4) | ((e[4] >> 4) << 2) | ((e[8] >> 4) << 4) | ((e[12] >> 4) << 6);
+                }
+            for (int j = 0; j < 16; j++) g[3072 + 32 * (j / 2) + 2 * L + (j & 1)] = r[L].sc[j];
+            put_u16(g + 3328 + 2 * L, r[L].d);
+        } else { /* Q5_0: bit 4 of each code, by vector v = 4 values of each row */
+            for (int v = 0; v < 8; v++)
+                for (int k = 0; k < 4; k++)
+                    if (c[4 * v + k] & 16) g[256 + 8 * v + (4 * L + k) / 8] |= (uint8_t)(1u << ((4 * L + k) % 8));
+            put_u16(g + 320 + 2 * L, r[L].d);
+        }
+    }
+}
+
+/* Bytes the repacked W takes (0: a type or shape it cannot take). */
+int64_t tr_gguf_packed_bytes(int type, int64_t N, int64_t K) {
+    const int bv = block_values(type);
+    if (group_bytes(type) == 0 || K % bv != 0 || N <= 0) return 0;
+    return (N + GROUP - 1) / GROUP * (K / bv) * group_bytes(type);
+}
+
+/* W (N rows of GGUF blocks) into the layout above, `out` holding tr_gguf_packed_bytes. */
+int tr_gguf_repack(int type, const uint8_t *w, int64_t N, int64_t K, uint8_t *out, int threads) {
+    const int64_t size = tr_gguf_packed_bytes(type, N, K);
+    if (size == 0) return -1;
+    const int bb = block_bytes(type), gb = group_bytes(type);
+    const int64_t nb = K / block_values(type), groups = (N + GROUP - 1) / GROUP;
+    memset(out, 0, (size_t)size);
+#pragma omp parallel for schedule(static) num_threads(threads)
+    for (int64_t grp = 0; grp < groups; grp++) {
+        Decoded r[GROUP];
+        for (int64_t b = 0; b < nb; b++) {
+            for (int L = 0; L < GROUP; L++) {
+                const int64_t n = grp * GROUP + L;
+                if (n < N) decode_block(type, w + n * nb * bb + b * bb, &r[L]);
+                else memset(&r[L], 0, sizeof r[L]);
+            }
+            pack_group(type, r, out + (grp * nb + b) * gb);
+        }
+    }
+    return 0;
+}
+
+#if TR_AVX512
+
+enum { TILE = 4 }; /* rows of x per pass: with two sums each, 8 independent chains of vpdpbusd */
+enum { AHEAD = 4736 }; /* bytes of W prefetched ahead (two Q4_K groups' blocks): without, a
+                          1-row step read ~27 GB/s of W; with, ~48 (the plain stream's rate) */ /* rows of x per pass: with two sums each, 8 independent chains of vpdpbusd */
+
+#define INLINE static inline __attribute__((always_inline))
+#define BCAST4(p) _mm512_set1_epi32(*(const int32_t *)(p)) /* 4 int8 of x (or 2 int16) to every lane */
+
+/* The next blocks of W into L1 while this one computes: the hardware prefetcher alone fell behind.
+ * Only on the first pass over a group (`ahead`): later passes find it in cache. */
+INLINE void prefetch_ahead(const uint8_t *g, int gb, int ahead) {
+    if (ahead)
+        for (int l = 0; l < gb; l += 64) _mm_prefetch((const char *)g + AHEAD + l, _MM_HINT_T0);
+}
+
+INLINE __m512 scales16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
+
+/* 16 rows of W (group `g` onwards, `nb` blocks) against rows m0..m0+mt-1 of x: out[i][L]. */
+INLINE void group_q4k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt, int ahead, float *out) {
+    const int64_t nb = K / 256;
+    const __m512i low4 = _mm512_set1_epi8(15);
+    __m512 acc[TILE];
+    for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, g += 2368) {
+        __m512i isum[TILE], msum[TILE];
+        for (int i = 0; i < mt; i++) isum[i] = msum[i] = _mm512_setzero_si512();
+        prefetch_ahead(g, 2368, ahead);
+        for (int j = 0; j < 8; j++) { /* sub-block j: 32 values, chunks 4j..4j+3 */
+            __m512i s0[TILE], s1[TILE];
+            for (int i = 0; i < mt; i++) s0[i] = s1[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+            for (int c = 4 * j; c < 4 * j + 4; c++) {
+                const __m512i raw = _mm512_loadu_si512(g + 64 * c);
+                const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+#pragma GCC unroll 4
+                for (int i = 0; i < mt; i++) {
+                    const int8_t *xq = x->q + (m0 + i) * K + b * 256 + 8 * c;
+                    s0[i] = _mm512_dpbusd_epi32(s0[i], lo, BCAST4(xq));
+                    s1[i] = _mm512_dpbusd_epi32(s1[i], hi, BCAST4(xq + 4));
+                }
+            }
+            const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g + 2048 + 16 * j)));
+            for (int i = 0; i < mt; i++) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(s0[i], s1[i]), sc));
+        }
+        for (int p = 0; p < 4; p++) { /* mins of sub-blocks 2p, 2p+1 times x's sums of 32 */
+            const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(g + 2176 + 32 * p)));
+            for (int i = 0; i < mt; i++) msum[i] = _mm512_dpwssd_epi32(msum[i], mn, BCAST4(x->bsum32 + (m0 + i) * (K / 32) + b * 8 + 2 * p));
+        }
+        const __m512 d = scales16(g + 2304), dmin = scales16(g + 2336);
+        for (int i = 0; i < mt; i++) {
+            const __m512 dx = _mm512_set1_ps(x->d[(m0 + i) * nb + b]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum[i]), _mm512_mul_ps(d, dx), acc[i]);
+            acc[i] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(msum[i]), _mm512_mul_ps(dmin, dx), acc[i]);
+        }
+    }
+    for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
+}
+
+INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt, int ahead, float *out) {
+    const int64_t nb = K / 256;
+    const __m512i low4 = _mm512_set1_epi8(15), bits45 = _mm512_set1_epi8(0x30);
+    __m512 acc[TILE];
+    for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, g += 3360) {
+        prefetch_ahead(g, 3360, ahead);
+        __m512i isum[TILE], osum[TILE];
+        for (int i = 0; i < mt; i++) isum[i] = osum[i] = _mm512_setzero_si512();
+        for (int p = 0; p < 8; p++) { /* groups 2p, 2p+1 of 16 values: chunks 4p..4p+3 */
+            const __m512i pair = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)(g + 3072 + 32 * p)));
+            const __m512i sc[2] = {_mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16), _mm512_srai_epi32(pair, 16)};
+#pragma GCC unroll 2
+            for (int h = 0; h < 2; h++) {
+                const int v = 2 * p + h;
+                const __m512i hb = _mm512_loadu_si512(g + 2048 + 64 * v);
+                const __m512i r0 = _mm512_loadu_si512(g + 64 * (2 * v)), r1 = _mm512_loadu_si512(g + 64 * (2 * v + 1));
+                const __m512i c0 = _mm512_or_si512(_mm512_and_si512(r0, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
+                const __m512i c1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(r0, 4), low4),
+                                                   _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits45));
+                const __m512i c2 = _mm512_or_si512(_mm512_and_si512(r1, low4), _mm512_and_si512(hb, bits45));
+                const __m512i c3 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(r1, 4), low4),
+                                                   _mm512_and_si512(_mm512_srli_epi16(hb, 2), bits45));
+#pragma GCC unroll 4
+                for (int i = 0; i < mt; i++) {
+                    const int8_t *xq = x->q + (m0 + i) * K + b * 256 + 16 * v;
+                    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c0, BCAST4(xq)), c1, BCAST4(xq + 4));
+                    const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c2, BCAST4(xq + 8)), c3, BCAST4(xq + 12));
+                    isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc[h]));
+                }
+            }
+            for (int i = 0; i < mt; i++) /* the codes' offset of 32: scales times x's sums of 16 */
+                osum[i] = _mm512_dpwssd_epi32(osum[i], pair, BCAST4(x->bsums + (m0 + i) * (K / 16) + b * 16 + 2 * p));
+        }
+        const __m512 d = scales16(g + 3328);
+        for (int i = 0; i < mt; i++) {
+            const __m512i total = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(osum[i], 5));
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(x->d[(m0 + i) * nb + b])), acc[i]);
+        }
+    }
+    for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
+}
+
+/* Q8_0 and Q5_0: each sum starts from minus the codes' offset times x's sum of 32 (`xo`). */
+INLINE __m512i q32_vector(const int type, const uint8_t *g, int v) {
+    if (type == TYPE_Q8_0) return _mm512_loadu_si512(g + 64 * v);
+    const __m512i raw = _mm512_loadu_si512(g + 64 * (v / 2));
+    const __m512i nib = _mm512_and_si512(v & 1 ? _mm512_srli_epi16(raw, 4) : raw, _mm512_set1_epi8(15));
+    __mmask64 high;
+    memcpy(&high, g + 256 + 8 * v, 8);
+    return _mm512_or_si512(nib, _mm512_maskz_set1_epi8(high, 16));
+}
+
+INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt, int ahead,
+                      float *out) {
+    const int64_t nb = K / 32;
+    const int gb = type == TYPE_Q8_0 ? 544 : 352, at_d = type == TYPE_Q8_0 ? 512 : 320;
+    __m512 acc[TILE];
+    for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++, g += gb) {
+        prefetch_ahead(g, gb, ahead);
+        __m512i s0[TILE], s1[TILE];
+        for (int i = 0; i < mt; i++) s0[i] = _mm512_set1_epi32(x->xo[(m0 + i) * nb + b]), s1[i] = _mm512_setzero_si512();
+#pragma GCC unroll 4
+        for (int v = 0; v < 8; v += 2) {
+            const __m512i u0 = q32_vector(type, g, v), u1 = q32_vector(type, g, v + 1);
+#pragma GCC unroll 4
+            for (int i = 0; i < mt; i++) {
+                const int8_t *xq = x->q + (m0 + i) * K + b * 32 + 4 * v;
+                s0[i] = _mm512_dpbusd_epi32(s0[i], u0, BCAST4(xq));
+                s1[i] = _mm512_dpbusd_epi32(s1[i], u1, BCAST4(xq + 4));
+            }
+        }
+        const __m512 d = scales16(g + at_d);
+        for (int i = 0; i < mt; i++)
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[i], s1[i])),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(x->d[(m0 + i) * nb + b])), acc[i]);
+    }
+    for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
+}
+
+/* One group against `mt` rows of x, `mt` a constant in each copy so the sums stay in registers. */
+static void group_fast(int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, int mt, float *out) {
+    const int ahead = m0 == 0;
+#define ROWS(n)                                                                                                      \
+    case n:                                                                                                          \
+        if (type == TYPE_Q4_K) group_q4k(g, x, K, m0, n, ahead, out);                                                       \
+        else if (type == TYPE_Q6_K) group_q6k(g, x, K, m0, n, ahead, out);                                                  \
+        else if (type == TYPE_Q8_0) group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out);                                       \
+        else group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out);                                                              \
+        break;
+    switch (mt) {
+        ROWS(1) ROWS(2) ROWS(3) ROWS(4)
+    }
+#undef ROWS
+}
+
+#endif
+
 /* Whether this build has the fast path (1) or only plain C (0). */
 int tr_fast_path(void) { return TR_AVX512; }
 
-/* y[M][N] = x[M][K] . W[N][K]^T (+ bias[N]). W: N rows of K / block_values(type) blocks, as the
- * GGUF file holds them. x and y are float32 or bf16 (the flags). `plain` forces the plain-C dot
- * products (tests). Returns 0, or -1 for a type or shape it cannot take, -2 out of memory. */
-int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void *x, int x_bf16, int64_t M, void *y,
-                   int y_bf16, const float *bias, int threads, int plain) {
-    const int bb = block_bytes(type), bv = block_values(type);
-    if (bb == 0 || K % bv != 0 || N <= 0 || M <= 0) return -1;
-    const int64_t nb = K / bv, row_bytes = nb * bb;
+/* y[M][N] = x[M][K] . W[N][K]^T (+ bias[N]), W repacked by tr_gguf_repack. Returns 0, -1 for a
+ * type or shape it cannot take (or a build without the fast path), -2 out of memory. */
+int tr_gguf_matmul_packed(int type, const uint8_t *packed, int64_t N, int64_t K, const void *x, int x_bf16, int64_t M,
+                          void *y, int y_bf16, const float *bias, int threads) {
+#if TR_AVX512
+    if (tr_gguf_packed_bytes(type, N, K) == 0 || M <= 0) return -1;
+    const int64_t nb = K / block_values(type), groups = (N + GROUP - 1) / GROUP, gb = group_bytes(type);
     QuantX qx;
-    qx.q = malloc((size_t)(M * K));
-    qx.d = malloc(sizeof(float) * (size_t)(M * nb));
-    qx.bsums = malloc(sizeof(int16_t) * (size_t)(M * (K / 16)));
-    qx.fs16 = malloc(sizeof(float) * (size_t)(M * (K / 16)));
-    qx.fs32 = malloc(sizeof(float) * (size_t)(M * (K / 32)));
-    qx.xo = malloc(sizeof(int32_t) * (size_t)(M * (K / 4)));
-    if (!qx.q || !qx.d || !qx.bsums || !qx.fs16 || !qx.fs32 || !qx.xo) {
-        free(qx.q), free(qx.d), free(qx.bsums), free(qx.fs16), free(qx.fs32), free(qx.xo);
+    if (quantize_x(type, x, x_bf16, K, M, threads, 0, &qx) != 0) {
+        free_x(&qx);
         return -2;
     }
-    const size_t esize = x_bf16 ? 2 : 4;
-    const int offset = type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : 0;
-#pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
-    for (int64_t m = 0; m < M; m++)
-        quantize_row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx.q + m * K, qx.d + m * nb,
-                     qx.bsums + m * (K / 16), qx.fs16 + m * (K / 16), qx.fs32 + m * (K / 32), qx.xo + m * (K / 4));
-    const int64_t chunks = (N + CHUNK - 1) / CHUNK;
 #pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t c = 0; c < chunks; c++) {
-        const int64_t n_end = (c + 1) * CHUNK < N ? (c + 1) * CHUNK : N;
-        for (int64_t m0 = 0; m0 < M; m0 += MAX_TILE) {
-            const int mt = M - m0 < MAX_TILE ? (int)(M - m0) : MAX_TILE;
-            for (int64_t n = c * CHUNK; n < n_end; n++) {
-                const uint8_t *wr = w + n * row_bytes;
-                float out[MAX_TILE];
-#if TR_AVX512
-                if (!plain) rows_fast(type, wr, &qx, K, m0, mt, out);
-                else
-#endif
-                    rows_ref(type, wr, &qx, K, m0, mt, out);
-                const float b = bias ? bias[n] : 0.0f;
-                for (int i = 0; i < mt; i++) {
-                    const int64_t at = (m0 + i) * N + n;
-                    if (y_bf16) ((uint16_t *)y)[at] = f32_to_bf16(out[i] + b);
-                    else ((float *)y)[at] = out[i] + b;
-                }
+    for (int64_t grp = 0; grp < groups; grp++) {
+        const uint8_t *g = packed + grp * nb * gb;
+        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+            const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
+            float out[TILE * GROUP];
+            group_fast(type, g, &qx, K, m0, mt, out);
+            for (int L = 0; L < GROUP; L++) {
+                const int64_t n = grp * GROUP + L;
+                if (n >= N) break;
+                const float bn = bias ? bias[n] : 0.0f;
+                for (int i = 0; i < mt; i++) store(out[GROUP * i + L] + bn, y_bf16, y, (m0 + i) * N + n);
             }
         }
     }
-    free(qx.q), free(qx.d), free(qx.bsums), free(qx.fs16), free(qx.fs32), free(qx.xo);
-    (void)plain;
+    free_x(&qx);
     return 0;
+#else
+    (void)type, (void)packed, (void)N, (void)K, (void)x, (void)x_bf16, (void)M, (void)y, (void)y_bf16, (void)bias,
+        (void)threads;
+    return -1;
+#endif
 }

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
-PROBE_VERSION = 3  # 2: the GGUF block kernels measured beside torch's int4; 3: each copy timed twice
+PROBE_VERSION = 4  # 2: the GGUF block kernels beside torch's int4; 3: each copy timed twice; 4: 64, 128 rows
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -119,7 +119,7 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
     return out
 
 
-QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32)
+QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 WORKING_SET_BYTES = 256 << 20  # more than any CPU's last-level cache here (this EPYC's: 32 MiB)
 
 
