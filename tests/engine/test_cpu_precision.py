@@ -159,6 +159,25 @@ def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkey
     assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
 
 
+def test_gguf_with_bf16_copies_holds_none_where_the_quantized_kernel_wins_at_every_size(monkeypatch, tmp_path):
+    from transformers import AutoConfig
+
+    path = build_tiny_model(tmp_path / "m", "qwen2")
+    config = AutoConfig.from_pretrained(path)
+    spec = ModelSpec(path=path, quantization="gguf+bf16")
+    fast = probe.PrecisionChoice(*probe.choose(FAST), FAST, "x")
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: fast)
+    most = max(probe.QUANTIZED_ROWS)
+    blocks = {**ROWS_MEASURED, "blocks": dict.fromkeys(probe.QUANTIZED_ROWS, 0.0)}
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (most, blocks))
+    p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+    assert (p.quantization, p.quantized_rows, p.gguf_blocks) == ("gguf", 0, True)
+    assert f"every size up to {most} rows: no bf16 copies" in p.reason
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (most // 2, blocks))
+    p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+    assert (p.quantization, p.quantized_rows) == ("gguf+bf16", most // 2)
+
+
 def test_a_by_rows_linear_runs_few_rows_on_one_kernel_and_more_on_the_other():
     from tokenrouter.engine.model.linear.by_rows import ByRowsLinear
 

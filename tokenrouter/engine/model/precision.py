@@ -11,7 +11,9 @@
   the weights dequantized, and says why: nothing gets slower than float32 would be.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
   takes the quantized ones up to the rows where a probe found them faster (`linear/by_rows.py`);
-  it falls back to float32 as `gguf` does.
+  where the probe found them faster at every size it measures (the GGUF block kernels on an
+  AVX512 VNNI CPU), the bf16 copies would compute nothing faster, and it runs as `gguf`. It
+  falls back to float32 as `gguf` does.
 - `quantization="int8"` (a drafter's dynamic int8) computes in float32, as its kernels need.
 """
 
@@ -111,6 +113,10 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
     if quantization == "gguf":
         why = f"{kernel} for the quantized layers, bf16 between them; {reason}"
+        return Precision(torch.bfloat16, "gguf", why, gguf_blocks=blocks)
+    if rows >= max(probe.QUANTIZED_ROWS):  # bf16 copies would compute nothing faster: not held
+        most = max(probe.QUANTIZED_ROWS)
+        why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies; {reason}"
         return Precision(torch.bfloat16, "gguf", why, gguf_blocks=blocks)
     why = f"{kernel} up to {rows} rows, measured faster than bf16 there; {reason}"
     return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows, gguf_blocks=blocks)

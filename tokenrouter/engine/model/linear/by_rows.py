@@ -1,13 +1,14 @@
 """A linear layer with two kernels, picked by how many rows a call has: the GGUF's own quantized
-weights for steps of few rows, a bf16 copy packed for oneDNN for steps of many.
+weights for steps of up to some rows, a bf16 copy packed for oneDNN for more.
 
 A decode step of a few requests reads every weight once and computes little, so fewer bytes per
-weight win: the quantized kernels beat bf16 at 1-2 rows (0.16-0.21 against 0.42 ms for the demo
-1.5B's 8960x1536 MLP layer at one row, benchmarks/bench_gguf_blocks.py). Their work grows with
-every row, so from some 4-8 rows on bf16 wins (0.73 against 1.3-1.4 ms at 16 rows), and a prefill
-of hundreds of rows is several times faster in bf16. Holding both costs the bf16 copy's memory
-on top (3.1 GB for the 1.5B): `ModelSpec(quantization="gguf+bf16")` pays it, `"gguf"` does not.
-Where the two cross is measured per machine (`probe.quantized_rows`).
+weight win. With torch's int4 kernel, whose work grows with every row, bf16 wins from some 4-8
+rows on. The GGUF block kernels (16 rows of W interleaved, gguf_kernels.c) beat bf16 on this EPYC
+at every size the probe measures, up to 128 rows (the 1.5B's 8960x1536 layer: 0.11 against 0.40
+ms at one row, 3.3 against 3.8 at 128; benchmarks/results/gguf-blocks/layers.json), so there the
+bf16 copy computes only prefill chunks of more. Holding both costs the bf16 copy's memory on top
+(3.1 GB for the 1.5B): `ModelSpec(quantization="gguf+bf16")` pays it, `"gguf"` does not. Where
+the two cross is measured per machine (`probe.quantized_rows`).
 """
 
 from __future__ import annotations

@@ -16,7 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) && defined(__F16C__)
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__) &&               \
+    defined(__F16C__)
 #define TR_AVX512 1
 #include <immintrin.h>
 #else
@@ -59,7 +60,7 @@ static uint16_t f32_to_bf16(float f) {
     uint32_t u;
     memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 64); /* NaN stays NaN */
-    u += 0x7fffu + ((u >> 16) & 1);                                       /* round to nearest even */
+    u += 0x7fffu + ((u >> 16) & 1);                                         /* round to nearest even */
     return (uint16_t)(u >> 16);
 }
 
@@ -113,9 +114,9 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int of
 static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     uint32_t u[3], out[4];
     memcpy(u, s, 12);
-    out[0] = u[0] & 0x3f3f3f3fu;                                              /* scales 0-3 */
-    out[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);       /* scales 4-7 */
-    out[2] = u[1] & 0x3f3f3f3fu;                                              /* mins 0-3 */
+    out[0] = u[0] & 0x3f3f3f3fu;                                               /* scales 0-3 */
+    out[1] = (u[2] & 0x0f0f0f0fu) | (((u[0] >> 6) & 0x03030303u) << 4);        /* scales 4-7 */
+    out[2] = u[1] & 0x3f3f3f3fu;                                               /* mins 0-3 */
     out[3] = ((u[2] >> 4) & 0x0f0f0f0fu) | (((u[1] >> 6) & 0x03030303u) << 4); /* mins 4-7 */
     memcpy(sc, out, 8);
     memcpy(mn, out + 2, 8);
@@ -265,12 +266,13 @@ static int quantize_x(int type, const void *x, int x_bf16, int64_t K, int64_t M,
     const int offset = type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : 0;
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
     for (int64_t m = 0; m < M; m++) {
-        void (*row)(const void *, int, int64_t, int, int, int8_t *, float *, int16_t *, int16_t *, int32_t *) = quantize_row;
+        void (*row)(const void *, int, int64_t, int, int, int8_t *, float *, int16_t *, int16_t *, int32_t *) =
+            quantize_row;
 #if TR_AVX512
         if (!plain) row = quantize_row_fast;
 #endif
-        row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx->q + m * K, qx->d + m * nb, qx->bsums + m * (K / 16),
-            qx->bsum32 + m * (K / 32), qx->xo + m * (K / 32));
+        row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx->q + m * K, qx->d + m * nb,
+            qx->bsums + m * (K / 16), qx->bsum32 + m * (K / 32), qx->xo + m * (K / 32));
     }
     (void)plain;
     return 0;
@@ -416,13 +418,15 @@ static void pack_group(int type, const Decoded r[GROUP], uint8_t *g) {
             for (int k = 0; k < 4; k++) g[64 * ch + 4 * L + k] = (c[8 * ch + k] & 15) | ((c[8 * ch + 4 + k] & 15) << 4);
         if (type == TYPE_Q4_K) {
             for (int j = 0; j < 8; j++) g[2048 + 16 * j + L] = r[L].sc[j];
-            for (int p = 0; p < 4; p++) g[2176 + 32 * p + 2 * L] = r[L].mn[2 * p], g[2176 + 32 * p + 2 * L + 1] = r[L].mn[2 * p + 1];
+            for (int p = 0; p < 4; p++)
+                g[2176 + 32 * p + 2 * L] = r[L].mn[2 * p], g[2176 + 32 * p + 2 * L + 1] = r[L].mn[2 * p + 1];
             put_u16(g + 2304 + 2 * L, r[L].d), put_u16(g + 2336 + 2 * L, r[L].dmin);
         } else if (type == TYPE_Q6_K) {
             for (int v = 0; v < 16; v++)
                 for (int k = 0; k < 4; k++) {
                     const uint8_t *e = c + 16 * v + k;
-                    g[2048 + 64 * v + 4 * L + k] = (e[0] >> 4) | ((e[4] >> 4) << 2) | ((e[8] >> 4) << 4) | ((e[12] >> 4) << 6);
+                    g[2048 + 64 * v + 4 * L + k] =
+                        (e[0] >> 4) | ((e[4] >> 4) << 2) | ((e[8] >> 4) << 4) | ((e[12] >> 4) << 6);
                 }
             for (int j = 0; j < 16; j++) g[3072 + 32 * (j / 2) + 2 * L + (j & 1)] = r[L].sc[j];
             put_u16(g + 3328 + 2 * L, r[L].d);
@@ -466,9 +470,11 @@ int tr_gguf_repack(int type, const uint8_t *w, int64_t N, int64_t K, uint8_t *ou
 
 #if TR_AVX512
 
-enum { TILE = 4 }; /* rows of x per pass: with two sums each, 8 independent chains of vpdpbusd */
-enum { AHEAD = 4736 }; /* bytes of W prefetched ahead (two Q4_K groups' blocks): without, a
-                          1-row step read ~27 GB/s of W; with, ~48 (the plain stream's rate) */ /* rows of x per pass: with two sums each, 8 independent chains of vpdpbusd */
+/* Rows of x per pass: with two sums each, 8 independent chains of vpdpbusd (4 cycles each). */
+enum { TILE = 4 };
+/* Bytes of W prefetched ahead (two Q4_K groups' blocks): without, a 1-row step read ~27 GB/s of W;
+ * with, ~48 (what the plain stream of the old per-row kernels read). */
+enum { AHEAD = 4736 };
 
 #define INLINE static inline __attribute__((always_inline))
 #define BCAST4(p) _mm512_set1_epi32(*(const int32_t *)(p)) /* 4 int8 of x (or 2 int16) to every lane */
@@ -507,11 +513,13 @@ INLINE void group_q4k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
                 }
             }
             const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(g + 2048 + 16 * j)));
-            for (int i = 0; i < mt; i++) isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(s0[i], s1[i]), sc));
+            for (int i = 0; i < mt; i++)
+                isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(s0[i], s1[i]), sc));
         }
         for (int p = 0; p < 4; p++) { /* mins of sub-blocks 2p, 2p+1 times x's sums of 32 */
             const __m512i mn = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)(g + 2176 + 32 * p)));
-            for (int i = 0; i < mt; i++) msum[i] = _mm512_dpwssd_epi32(msum[i], mn, BCAST4(x->bsum32 + (m0 + i) * (K / 32) + b * 8 + 2 * p));
+            for (int i = 0; i < mt; i++)
+                msum[i] = _mm512_dpwssd_epi32(msum[i], mn, BCAST4(x->bsum32 + (m0 + i) * (K / 32) + b * 8 + 2 * p));
         }
         const __m512 d = scales16(g + 2304), dmin = scales16(g + 2336);
         for (int i = 0; i < mt; i++) {
@@ -540,7 +548,8 @@ INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
                 const int v = 2 * p + h;
                 const __m512i hb = _mm512_loadu_si512(g + 2048 + 64 * v);
                 const __m512i r0 = _mm512_loadu_si512(g + 64 * (2 * v)), r1 = _mm512_loadu_si512(g + 64 * (2 * v + 1));
-                const __m512i c0 = _mm512_or_si512(_mm512_and_si512(r0, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
+                const __m512i c0 =
+                    _mm512_or_si512(_mm512_and_si512(r0, low4), _mm512_and_si512(_mm512_slli_epi16(hb, 4), bits45));
                 const __m512i c1 = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(r0, 4), low4),
                                                    _mm512_and_si512(_mm512_slli_epi16(hb, 2), bits45));
                 const __m512i c2 = _mm512_or_si512(_mm512_and_si512(r1, low4), _mm512_and_si512(hb, bits45));
@@ -549,8 +558,10 @@ INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
 #pragma GCC unroll 4
                 for (int i = 0; i < mt; i++) {
                     const int8_t *xq = x->q + (m0 + i) * K + b * 256 + 16 * v;
-                    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c0, BCAST4(xq)), c1, BCAST4(xq + 4));
-                    const __m512i s1 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c2, BCAST4(xq + 8)), c3, BCAST4(xq + 12));
+                    const __m512i s0 = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(_mm512_setzero_si512(), c0, BCAST4(xq)),
+                                                           c1, BCAST4(xq + 4));
+                    const __m512i s1 = _mm512_dpbusd_epi32(
+                        _mm512_dpbusd_epi32(_mm512_setzero_si512(), c2, BCAST4(xq + 8)), c3, BCAST4(xq + 12));
                     isum[i] = _mm512_add_epi32(isum[i], _mm512_mullo_epi32(_mm512_add_epi32(s0, s1), sc[h]));
                 }
             }
@@ -560,7 +571,8 @@ INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
         const __m512 d = scales16(g + 3328);
         for (int i = 0; i < mt; i++) {
             const __m512i total = _mm512_sub_epi32(isum[i], _mm512_slli_epi32(osum[i], 5));
-            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total), _mm512_mul_ps(d, _mm512_set1_ps(x->d[(m0 + i) * nb + b])), acc[i]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(total),
+                                     _mm512_mul_ps(d, _mm512_set1_ps(x->d[(m0 + i) * nb + b])), acc[i]);
         }
     }
     for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
@@ -585,7 +597,8 @@ INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t
     for (int64_t b = 0; b < nb; b++, g += gb) {
         prefetch_ahead(g, gb, ahead);
         __m512i s0[TILE], s1[TILE];
-        for (int i = 0; i < mt; i++) s0[i] = _mm512_set1_epi32(x->xo[(m0 + i) * nb + b]), s1[i] = _mm512_setzero_si512();
+        for (int i = 0; i < mt; i++)
+            s0[i] = _mm512_set1_epi32(x->xo[(m0 + i) * nb + b]), s1[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int v = 0; v < 8; v += 2) {
             const __m512i u0 = q32_vector(type, g, v), u1 = q32_vector(type, g, v + 1);
@@ -607,16 +620,14 @@ INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t
 /* One group against `mt` rows of x, `mt` a constant in each copy so the sums stay in registers. */
 static void group_fast(int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, int mt, float *out) {
     const int ahead = m0 == 0;
-#define ROWS(n)                                                                                                      \
-    case n:                                                                                                          \
-        if (type == TYPE_Q4_K) group_q4k(g, x, K, m0, n, ahead, out);                                                       \
-        else if (type == TYPE_Q6_K) group_q6k(g, x, K, m0, n, ahead, out);                                                  \
-        else if (type == TYPE_Q8_0) group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out);                                       \
-        else group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out);                                                              \
+#define ROWS(n)                                                                                                        \
+    case n:                                                                                                            \
+        if (type == TYPE_Q4_K) group_q4k(g, x, K, m0, n, ahead, out);                                                  \
+        else if (type == TYPE_Q6_K) group_q6k(g, x, K, m0, n, ahead, out);                                             \
+        else if (type == TYPE_Q8_0) group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out);                                  \
+        else group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out);                                                         \
         break;
-    switch (mt) {
-        ROWS(1) ROWS(2) ROWS(3) ROWS(4)
-    }
+    switch (mt) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) }
 #undef ROWS
 }
 

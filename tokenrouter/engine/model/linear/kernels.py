@@ -8,9 +8,9 @@
   computed as llama.cpp does; otherwise Q4_K as 4-bit groups (`int4.py`) and other quantized
   types as int8 weights (`int8_weights.py`); unquantized ones packed in bf16;
   the embedding table stays in its GGUF blocks (`gguf_embedding.py`) unless the head shares it.
-- `quantization="gguf+bf16"`: the same quantized kernels for calls of few rows, and a dense bf16
-  copy of each weight, packed, for calls of more (`by_rows.py`): decode of a few requests reads
-  4 bits a weight, prefill and big batches compute in bf16;
+- `quantization="gguf+bf16"`: the same quantized kernels for calls of up to the rows a probe
+  found them faster, and a dense bf16 copy of each weight, packed, for calls of more
+  (`by_rows.py`): decode reads 4.5 bits a weight, big prefills compute in bf16;
 - anything else (a GPU, float64): torch's own linear.
 
 `gguf_sourced` names the parameters a GGUF supplies, so that the loader never reads their dense
@@ -70,7 +70,7 @@ def prepare_linears(
             raise ModelLoadError(f"quantization='gguf+bf16' for {spec.path}: it needs oneDNN's bf16 linear on CPU")
         many_rows_after = precision.quantized_rows if precision.quantization == "gguf+bf16" else None
         lib = gguf_native.load()[0] if precision.gguf_blocks else None
-        # the block kernels take the file's bytes as they are: nothing to build, nothing to keep
+        # the block kernels repack the file's bytes at load (a second or so): nothing to build, nothing to keep
         path = kernel_cache.cache_path(gguf.path) if lib is None else None
         cached = kernel_cache.read(path) if path is not None else None
         built: dict[str, torch.Tensor] = {}
