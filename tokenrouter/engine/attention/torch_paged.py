@@ -12,6 +12,14 @@ made a decode step's attention 7-13x cheaper (1.5B shapes: 20 against 151 us for
 tokens, 0.31 against 4.1 ms for 16 rows of 256; benchmarks/bench_gqa_attention.py), the
 difference between a C = 16 step spending most of its time in attention and not. Long
 prefill rows keep `enable_gqa` (as fast there).
+
+Every row's keys are padded (masked) to a multiple of KEY_MULTIPLE. torch's CPU SDPA gives a
+query the same result whatever else is in the call (its other queries, the rows beside it, masked
+keys after its own) only while no 16-key chunk holding its keys is cut short: the demo 1.5B's
+attention for one token over 43 keys differed between a width of 43 or 44-47 and one of 48 or
+more, which made a prefill's tokens and the same tokens decoded one by one part (and a
+verifier's logits differ from the target's own decode, so that greedy Speculative was not the
+target's output).
 """
 
 from __future__ import annotations
@@ -25,6 +33,11 @@ from ..kv.cache import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 
 SHORT_EXTEND = 16  # extend rows of at most this many new tokens (after a cached prefix) are batched
+KEY_MULTIPLE = 16  # keys per row, padded to a multiple of this (masked): see above
+
+
+def padded(width: int) -> int:
+    return -(-width // KEY_MULTIPLE) * KEY_MULTIPLE
 
 
 @dataclass
@@ -45,7 +58,7 @@ class ShortExtends:
             for i, ((_, q_len, _), slots) in enumerate(zip(meta.prefill_rows, meta.prefill_slots))
             if slots is not None and q_len <= SHORT_EXTEND
         ]
-        if len(picked) < 2:
+        if not picked:
             return None
         dev = meta.slot_mapping.device
         starts, q_lens, ctx_lens = (
@@ -54,7 +67,7 @@ class ShortExtends:
         t = torch.arange(int(q_lens.max()), device=dev)
         valid = t[None, :] < q_lens[:, None]
         offset = torch.minimum(t[None, :], q_lens[:, None] - 1)  # padding: a copy of the last query
-        width = int(ctx_lens.max())
+        width = padded(int(ctx_lens.max()))
         slots = torch.zeros(len(picked), width, dtype=torch.long, device=dev)
         for r, i in enumerate(picked):
             slots[r, : int(ctx_lens[r])] = meta.prefill_slots[i]
@@ -110,6 +123,10 @@ class TorchPagedAttention(AttentionBackend):
             kd = k_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *k.shape[1:]).transpose(1, 2)
             vd = v_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *v.shape[1:]).transpose(1, 2)
             mask = meta.decode_mask
+            if max_ctx != padded(max_ctx):  # a KV block size that is not a multiple of KEY_MULTIPLE
+                pad = padded(max_ctx) - max_ctx
+                kd, vd = F.pad(kd, (0, 0, 0, pad)), F.pad(vd, (0, 0, 0, pad))
+                mask, max_ctx = F.pad(mask, (0, pad)), max_ctx + pad
             if sliding_window is not None:
                 pos = torch.arange(max_ctx, device=q.device)
                 mask = mask & (meta.decode_positions[:, None] - pos[None, :] < sliding_window)
@@ -134,12 +151,13 @@ class TorchPagedAttention(AttentionBackend):
             else:
                 ks = k_cache.index_select(0, slots)
                 vs = v_cache.index_select(0, slots)
-            ks = ks.transpose(0, 1).unsqueeze(0)
-            vs = vs.transpose(0, 1).unsqueeze(0)
+            pad = padded(ctx_len) - ctx_len
+            ks = F.pad(ks, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)
+            vs = F.pad(vs, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)
             q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-            k_pos = torch.arange(ctx_len, device=q.device)
+            k_pos = torch.arange(ctx_len + pad, device=q.device)
             diff = q_pos[:, None] - k_pos[None, :]
-            mask = diff >= 0
+            mask = diff >= 0  # the padding lies after every query
             if sliding_window is not None:
                 mask = mask & (diff < sliding_window)
             os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scaling, enable_gqa=gqa)

@@ -7,9 +7,10 @@
  * scaled once per block. A decode step then reads 4.5-8.5 bits a weight and computes in int8,
  * where torch's own int4 kernel dequantizes every weight to float first.
  *
- * Two implementations of each dot product: AVX512 VNNI (where the compiler targets it) and plain
- * C, which the tests hold the fast one to and which serves any other CPU (slowly: the engine's
- * probe then measures torch's kernels as faster and picks them).
+ * Two implementations: plain C on the file's own blocks (tr_gguf_matmul), which the tests hold the
+ * other to and which serves any other CPU (slowly: the engine's probe then measures torch's
+ * kernels as faster and picks them); and AVX512 VNNI on the blocks repacked once at load, 16 rows
+ * of W interleaved (tr_gguf_repack, tr_gguf_matmul_packed; below).
  */
 #include <math.h>
 #include <stdint.h>
