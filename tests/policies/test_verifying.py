@@ -12,7 +12,7 @@ import torch
 
 from tests.helpers import generate_all, hf_greedy, hf_greedy_penalized, holds_nothing, penalized_logits, wait_all_free
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.policies import BiLD, Speculative
+from tokenrouter.policies import BiLD, Single, Speculative
 
 K_VALUES = [1, 2, 4, 8, "auto"]
 
@@ -41,6 +41,47 @@ def test_greedy_speculative_equals_the_large_model_alone(tiny_pair, tokenizer, k
         assert out.token_ids == ref, (prompt, n)
         assert out.finish_reason == "length"
         assert set(out.token_models) <= {"small", "large"} and len(out.token_models) == len(out.token_ids)
+
+
+def test_greedy_speculative_is_the_target_alone_in_bf16_on_the_gguf_block_kernels(tokenizer, monkeypatch, tmp_path):
+    """In the default CPU precision's arithmetic (bf16, the GGUF block kernels) the verifier's
+    logits over k + 1 tokens are the target's own decode logits, bit for bit, so greedy
+    Speculative writes the target's output whatever the batching: the block kernels compute each
+    row alone, and the torch attention pads every row's keys to a multiple of 16 (block_size=8
+    here, so decode rows are padded too). Against the engine's target alone in the same mode
+    (Hugging Face's bf16 is other arithmetic)."""
+    from tokenrouter.engine.model.linear import gguf_native, probe
+    from tokenrouter.testing import build_tiny_model, write_gguf
+
+    lib = gguf_native.load()[0]
+    if lib is None or not lib.fast:
+        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks")  # the probe's pick, forced
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
+    kw = {
+        "tokenizer": tokenizer,
+        "logit_scale": 3.0,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+    }
+    pair = {
+        "small": build_tiny_model(tmp_path / "small", "qwen2", seed=1, **kw),
+        "large": build_tiny_model(
+            tmp_path / "large", "qwen2", seed=2, num_hidden_layers=3, num_key_value_heads=2, **kw
+        ),
+    }
+    for path in pair.values():
+        write_gguf(path)  # Q8_0 blocks: rows of 64 and 128 are no whole 256-blocks
+    specs = {
+        n: ModelSpec(path=p, dtype="bfloat16", quantization="gguf", kv_cache_tokens=4096, block_size=8)
+        for n, p in pair.items()
+    }
+    work = _workload(tokenizer, n=12, seed=3)
+    alone, _ = _serve({"large": specs["large"]}, Single("large"), work)
+    for k in (1, 4):
+        outs, _ = _serve(specs, Speculative(k=k), work)
+        assert [o.token_ids for o in outs] == [o.token_ids for o in alone], k
 
 
 async def _all(engine, work):
