@@ -1,16 +1,19 @@
 #!/usr/bin/env python
-"""Why greedy Speculative's answers are not always the large model's in bf16: which of a step's
+"""Whether greedy Speculative's answers are the large model's in bf16: which of a step's
 computations give a row a result that depends on the other rows of the call.
 
 Speculative is lossless when the target scores a draft exactly as it would decode that token
 alone. In float32 the engine met that on all 164 HumanEval problems; in bf16 (the CPU default)
-on 136 (docs/evaluation.md). Three checks, 2 threads, on this machine:
+it did not until the block kernels served every step and attention padded every row's keys to a
+multiple of 16 (docs/evaluation.md). The checks, 2 threads, on this machine:
 
 1. Each CPU linear kernel (`engine/model/linear/`): row 0 of a call of M rows against a call of
    row 0 alone, at the demo 1.5B's MLP shape (1536 -> 8960), bf16 activations.
 2. The attention call (`grouped_sdpa`, SDPA on the demo 1.5B's heads, one query row as in a
-   decode step, bf16): a context of c keys padded with masked keys to width W against width c.
-   A decode step pads every row to the batch's widest block table, so W depends on the batch.
+   decode step, bf16): a context of c keys padded with masked keys to width W. A decode step
+   pads every row to the batch's widest block table, so W depends on the batch; the torch
+   backend pads every row to a multiple of 16 (`KEY_MULTIPLE`) at least, and the result must be
+   the same for every W from there on (the widths short of it differ).
 3. The demo 1.5B itself (gguf+bf16 and gguf): three tokens decoded one step at a time against
    the same three in one extend step (a verifier's check), the last token's attention output
    and logits compared bitwise.
@@ -36,9 +39,10 @@ import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single
 from tokenrouter.bench.machine import machine_info
-from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa
+from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa, padded
 from tokenrouter.engine.kv.cache import KVCache, KVLayout
-from tokenrouter.engine.model.linear import int4, int8_weights, onednn
+from tokenrouter.engine.model.linear import gguf_native, int4, int8_weights, onednn, probe
+from tokenrouter.engine.model.linear.gguf_blocks import GGUFBlockLinear
 from tokenrouter.engine.model.loader import load_model
 from tokenrouter.engine.model.runner import ModelRunner
 from tokenrouter.engine.sched.batch import ScheduledBatch
@@ -62,6 +66,10 @@ def linear_kernels() -> dict:
         "bf16, oneDNN packed": onednn.PackedLinear(dense),
         "bf16, torch's linear": dense,
     }
+    lib = gguf_native.load()[0]
+    if lib is not None:
+        blocks = probe.random_blocks("Q4_K", (n, k), torch.Generator().manual_seed(0))
+        kernels["GGUF block kernels (Q4_K)"] = GGUFBlockLinear(lib, "Q4_K", blocks, (n, k))
     x = torch.randn(max(ROWS), k).to(torch.bfloat16)
     out = {}
     with torch.inference_mode():
@@ -73,7 +81,8 @@ def linear_kernels() -> dict:
 
 
 def attention_widths() -> dict:
-    """For each context length, the padded widths (up to +80) giving the exact-width result."""
+    """For each context length c: the widths from padded(c) to c + 80 that give padded(c)'s
+    result (what the backend computes), and those from c up to padded(c) that do not."""
     torch.manual_seed(0)
     heads, kv_heads, dim = 12, 2, 128
     out = {}
@@ -86,13 +95,14 @@ def attention_widths() -> dict:
             mask[..., :ctx] = True
             return grouped_sdpa(q, k[:, :, :width], v[:, :, :width], mask, dim**-0.5)
 
-        exact = at(ctx)
-        same = [w for w in range(ctx, ctx + 80) if torch.equal(at(w), exact)]
-        differ = [w for w in range(ctx, ctx + 80) if w not in same]
-        first = differ[0] if differ else None
-        out[str(ctx)] = {"widths_tried": [ctx, ctx + 79], "equal": len(same), "first_width_that_differs": first}
+        ref = at(padded(ctx))
+        wider = range(padded(ctx), ctx + 80)
+        same = [w for w in wider if torch.equal(at(w), ref)]
+        short = [w for w in range(ctx, padded(ctx)) if not torch.equal(at(w), ref)]
+        out[str(ctx)] = {"padded": padded(ctx), "wider_equal": f"{len(same)}/{len(wider)}", "short_differ": short}
         print(
-            f"context {ctx:4d}: of widths {ctx}..{ctx + 79}, {len(same)} equal the exact width's, first other {first}"
+            f"context {ctx:4d}: widths {padded(ctx)}..{ctx + 79} equal to {padded(ctx)}'s: {len(same)}/{len(wider)};"
+            f" widths short of it that differ: {short}"
         )
     return out
 
