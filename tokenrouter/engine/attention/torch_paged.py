@@ -10,8 +10,9 @@ With grouped-query attention, decode and short extend rows fold each KV head's q
 its query rows (`grouped_sdpa`) rather than asking SDPA for `enable_gqa`: on CPU in bf16 that
 made a decode step's attention 7-13x cheaper (1.5B shapes: 20 against 151 us for one row of 160
 tokens, 0.31 against 4.1 ms for 16 rows of 256; benchmarks/bench_gqa_attention.py), the
-difference between a C = 16 step spending most of its time in attention and not. Long
-prefill rows keep `enable_gqa` (as fast there).
+difference between a C = 16 step spending most of its time in attention and not. Prefill rows
+fold them too, in chunks of PREFILL_QUERIES queries: SDPA's `enable_gqa` is as fast there, but it
+gives some queries other bits than the folded call (9 of 600 in a check of random bf16 data).
 
 Every row's keys are padded (masked) to a multiple of KEY_MULTIPLE. torch's CPU SDPA gives a
 query the same result whatever else is in the call (its other queries, the rows beside it, masked
@@ -19,7 +20,8 @@ keys after its own) only while no 16-key chunk holding its keys is cut short: th
 attention for one token over 43 keys differed between a width of 43 or 44-47 and one of 48 or
 more, which made a prefill's tokens and the same tokens decoded one by one part (and a
 verifier's logits differ from the target's own decode, so that greedy Speculative was not the
-target's output).
+target's output). Padded so, and every row folded, a query's result is the same in a decode
+step, a verifier's check or a prefill, however it is chunked.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from .backend import AttentionBackend, AttentionMetadata
 
 SHORT_EXTEND = 16  # extend rows of at most this many new tokens (after a cached prefix) are batched
 KEY_MULTIPLE = 16  # keys per row, padded to a multiple of this (masked): see above
+PREFILL_QUERIES = 256  # a prefill row's queries per call: bounds the folded mask (heads x queries x keys)
 
 
 def padded(width: int) -> int:
@@ -113,7 +116,6 @@ class TorchPagedAttention(AttentionBackend):
         k_cache.index_copy_(0, meta.slot_mapping, k)
         v_cache.index_copy_(0, meta.slot_mapping, v)
         out = torch.empty_like(q)
-        gqa = q.shape[1] != k.shape[1]
         nd = meta.num_decode
         if nd:
             # Gather whole blocks (one index per block, not per token), then mask the tail.
@@ -154,12 +156,14 @@ class TorchPagedAttention(AttentionBackend):
             pad = padded(ctx_len) - ctx_len
             ks = F.pad(ks, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)
             vs = F.pad(vs, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)
-            q_pos = torch.arange(ctx_len - q_len, ctx_len, device=q.device)
-            k_pos = torch.arange(ctx_len + pad, device=q.device)
-            diff = q_pos[:, None] - k_pos[None, :]
-            mask = diff >= 0  # the padding lies after every query
-            if sliding_window is not None:
-                mask = mask & (diff < sliding_window)
-            os_ = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scaling, enable_gqa=gqa)
-            out[start : start + q_len] = os_[0].transpose(0, 1)
+            for c0 in range(0, q_len, PREFILL_QUERIES):  # each chunk over the keys up to its last query
+                c1 = min(q_len, c0 + PREFILL_QUERIES)
+                width = padded(ctx_len - q_len + c1)
+                q_pos = torch.arange(ctx_len - q_len + c0, ctx_len - q_len + c1, device=q.device)
+                diff = q_pos[:, None] - torch.arange(width, device=q.device)[None, :]
+                mask = diff >= 0  # the padding lies after every query
+                if sliding_window is not None:
+                    mask = mask & (diff < sliding_window)
+                oc = grouped_sdpa(qs[:, :, c0:c1], ks[:, :, :width], vs[:, :, :width], mask[None, None], scaling)
+                out[start + c0 : start + c1] = oc[0].transpose(0, 1)
         return out
