@@ -12,7 +12,7 @@ made a decode step's attention 7-13x cheaper (1.5B shapes: 20 against 151 us for
 tokens, 0.31 against 4.1 ms for 16 rows of 256; benchmarks/bench_gqa_attention.py), the
 difference between a C = 16 step spending most of its time in attention and not. Prefill rows
 fold them too, in chunks of PREFILL_QUERIES queries: SDPA's `enable_gqa` is as fast there, but it
-gives some queries other bits than the folded call (9 of 600 in a check of random bf16 data).
+gives some queries other bits than the folded call (a few of 600 in a check on random bf16 data).
 
 Every row's keys are padded (masked) to a multiple of KEY_MULTIPLE. torch's CPU SDPA gives a
 query the same result whatever else is in the call (its other queries, the rows beside it, masked
@@ -20,8 +20,12 @@ keys after its own) only while no 16-key chunk holding its keys is cut short: th
 attention for one token over 43 keys differed between a width of 43 or 44-47 and one of 48 or
 more, which made a prefill's tokens and the same tokens decoded one by one part (and a
 verifier's logits differ from the target's own decode, so that greedy Speculative was not the
-target's output). Padded so, and every row folded, a query's result is the same in a decode
-step, a verifier's check or a prefill, however it is chunked.
+target's output). Padded so, and every row folded, a query's result is mostly the same in a
+decode step, a verifier's check or a prefill. Not always: on real data the result also moved
+with the call's width beyond the padding (one token over 191 keys, widths 192 and 208), and a
+decode step's width is its batch's widest row. Computing each query at its own padded width
+(decode rows grouped by it, other rows in 16-query chunks aligned to 16 positions) would close
+that; not done.
 """
 
 from __future__ import annotations
