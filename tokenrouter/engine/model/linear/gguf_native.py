@@ -7,10 +7,7 @@ blocks' codes, AVX512 VNNI). For the fast path each tensor is repacked once at l
 interleaved (the layout is in the C file; the same size give or take 3%), which replaces the
 file's bytes: no second copy.
 
-It is built with the machine's C compiler (`cc -O3 -march=native -fopenmp`) into
-`<home>/kernels/gguf-kernels-<key>.so`, the key made of the source, the compiler and the CPU, so
-that it builds once per machine kind (about a second; a new build replaces the old). Its OpenMP
-is the one torch already loaded (the same `libgomp.so.1`), so its threads are torch's. Without
+It is built for this CPU on first use and kept under the store (engine/native_build.py). Without
 a compiler, or where the build fails, `load()` answers None with the reason and the engine keeps
 torch's kernels; `TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
 """
@@ -18,30 +15,20 @@ torch's kernels; `TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import json
-import logging
 import os
-import shutil
-import subprocess
-import tempfile
-import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from . import probe
-
-log = logging.getLogger(__name__)
+from ... import native_build
 
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
 ENV = "TOKENROUTER_GGUF_KERNELS"
 # ggml's type numbers, and (values, bytes) per block
 TYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 BLOCKS = {"Q5_0": (32, 22), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
-FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
 
 
 @dataclass(frozen=True)
@@ -54,58 +41,14 @@ class Library:
     matmul_packed: Callable[..., int]  # tr_gguf_matmul_packed (the fast path)
 
 
-_lock = threading.Lock()
-_loaded: dict[str, Library | str] = {}  # home -> the library, or why there is none
-
-
 def load(home: str | Path | None = None) -> tuple[Library | None, str]:
     """(the library, "") or (None, why not): built on first use, then read from the store."""
     if os.environ.get(ENV, "").lower() in ("0", "off", "no", "false"):
         return None, f"{ENV}={os.environ[ENV]}"
-    from .... import store
-
-    key = str(store.home_dir(home))
-    with _lock:
-        if key not in _loaded:
-            try:
-                _loaded[key] = _open(_build(store.home_dir(home) / "kernels"))
-            except (OSError, subprocess.SubprocessError, RuntimeError) as e:
-                _loaded[key] = f"the GGUF kernels did not build: {e}"
-                log.warning("%s; torch's kernels serve instead", _loaded[key])
-        got = _loaded[key]
-    return (got, "") if isinstance(got, Library) else (None, got)
+    return native_build.load(SOURCE, _open, home)
 
 
-def compiler() -> str | None:
-    return os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-
-
-def _build(folder: Path) -> Path:
-    cc = compiler()
-    if cc is None:
-        raise RuntimeError("no C compiler (cc or gcc) on PATH")
-    version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    key = {"source": SOURCE.read_text(), "cc": version, "flags": FLAGS, "cpu": probe.cpu_identity()}
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    path = folder / f"gguf-kernels-{digest}.so"
-    if path.is_file():
-        return path
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then moved in whole
-        out = Path(tmp) / path.name
-        done = subprocess.run([cc, *FLAGS, "-o", str(out), str(SOURCE)], capture_output=True, text=True, timeout=300)
-        if done.returncode != 0:
-            raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
-        os.replace(out, path)
-    for old in folder.glob("gguf-kernels-*.so"):  # earlier builds (a process still using one keeps its mapping)
-        if old != path:
-            old.unlink(missing_ok=True)
-    log.info("built the GGUF kernels for this CPU: %s", path)
-    return path
-
-
-def _open(path: Path) -> Library:
-    lib = ctypes.CDLL(str(path))
+def _open(lib: ctypes.CDLL, path: Path) -> Library:
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     mm = [i32, ptr, i64, i64, ptr, i32, i64, ptr, i32, ptr, i32]
     for name, restype, argtypes in (

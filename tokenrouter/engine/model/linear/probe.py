@@ -19,7 +19,6 @@ import hashlib
 import json
 import logging
 import os
-import platform
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -28,6 +27,7 @@ from pathlib import Path
 import torch
 
 from ....files import write_text_atomic
+from ...native_build import cpu_identity
 
 log = logging.getLogger(__name__)
 
@@ -59,23 +59,6 @@ def choose(timings: dict) -> tuple[str, str]:
     if all(s >= BF16_MIN_SPEEDUP for s in speedups.values()):
         return "bfloat16", f"bfloat16 linear layers measured {shown} rows against float32"
     return "float32", f"bfloat16 measured {shown} rows against float32 (needs >= {BF16_MIN_SPEEDUP}x at each)"
-
-
-def cpu_identity() -> dict:
-    """The CPU's model name and flags, from the first processor in /proc/cpuinfo where there is one."""
-    fields: dict[str, str] = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                if not sep and fields:
-                    break  # the end of the first processor's block
-                fields.setdefault(key.strip(), value.strip())
-    except OSError:
-        pass
-    flags = fields.get("flags") or fields.get("Features") or ""
-    name = fields.get("model name") or platform.processor() or platform.machine()
-    return {"cpu": name, "flags": sorted(flags.split()), "machine": platform.machine()}
 
 
 def probe_shapes(model: torch.nn.Module, limit: int = 3) -> list[tuple[int, int]]:
