@@ -22,7 +22,8 @@ import torch
 from tests.engine.test_flashinfer_contract import reference_attention
 from tests.helpers import generate_all, holds_nothing
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
-from tokenrouter.engine.attention.choice import choose_attention_backend
+from tokenrouter.engine.attention import cpu_paged
+from tokenrouter.engine.attention.choice import AttentionChoice, attention_choice, choose_attention_backend
 from tokenrouter.engine.attention.flashinfer_paged import import_flashinfer
 from tokenrouter.engine.attention.paged_layout import PagedLayout
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
@@ -175,9 +176,22 @@ def test_padding_a_decode_step_leaves_real_rows_and_their_cache_unchanged(tiny_m
     assert any(not torch.equal(a, b) for a, b in zip(after_eager, before_k))  # the real rows did write
 
 
-def test_attention_backend_choice_on_cpu(tiny_model):
+def test_attention_backend_choice_on_cpu(tiny_model, monkeypatch):
     spec = ModelSpec(path=tiny_model)
-    assert choose_attention_backend(spec, torch.device("cpu"), torch.float32, 64) == "torch"
+    want = "cpu" if cpu_paged.load()[0] is not None else "torch"  # our C kernel, where it builds
+    assert choose_attention_backend(spec, torch.device("cpu"), torch.float32, 64) == want
+    assert choose_attention_backend(spec, torch.device("cpu"), torch.float16, 64) == "torch"
+    torch_asked = ModelSpec(path=tiny_model, attention_backend="torch")
+    assert choose_attention_backend(torch_asked, torch.device("cpu"), torch.float32, 64) == "torch"
+    cpu_asked = ModelSpec(path=tiny_model, attention_backend="cpu")
+    with pytest.raises(ModelLoadError, match="attention_backend='cpu'.*runs on CPU, not cuda"):
+        choose_attention_backend(cpu_asked, torch.device("cuda"), torch.bfloat16, 64)
+    monkeypatch.setattr(cpu_paged, "load", lambda home=None: (None, "no C compiler (cc or gcc) on PATH"))
+    assert attention_choice(spec, torch.device("cpu"), torch.bfloat16, 64) == AttentionChoice(
+        "torch", fallback="no C compiler (cc or gcc) on PATH"
+    )
+    with pytest.raises(ModelLoadError, match="attention_backend='cpu'.*no C compiler"):
+        choose_attention_backend(cpu_asked, torch.device("cpu"), torch.bfloat16, 64)
     forced = ModelSpec(path=tiny_model, attention_backend="flashinfer")
     with pytest.raises(ModelLoadError, match="attention_backend='flashinfer'.*CUDA devices, not cpu"):
         choose_attention_backend(forced, torch.device("cpu"), torch.bfloat16, 64)
@@ -187,14 +201,15 @@ def test_attention_backend_choice_on_cpu(tiny_model):
         ModelSpec(path=tiny_model, cuda_graph_max_batch=-1)
 
 
-def test_engine_on_cpu_reports_the_torch_backend_and_no_graphs(tiny_model):
+def test_engine_on_cpu_reports_its_backend_and_no_graphs(tiny_model):
     async def main():
         async with Engine(models={"m": tiny_model}, policy=Single("m")) as engine:
             await engine.generate("hello", SamplingParams(max_tokens=2, temperature=0))
             return engine.stats()["m"]
 
     stats = anyio.run(main)
-    assert stats.attention_backend == "torch" and stats.cuda_graph_batch_sizes == []
+    want = "cpu" if cpu_paged.load()[0] is not None else "torch"
+    assert stats.attention_backend == want and stats.cuda_graph_batch_sizes == []
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
@@ -415,7 +430,8 @@ def test_engine_on_cuda_with_the_torch_backend_needs_no_flashinfer(gpu_pair, pre
             return engine.stats()["m"]
 
     stats = anyio.run(main)
-    assert stats.attention_backend == "torch" and stats.cuda_graph_batch_sizes == []
+    want = "cpu" if cpu_paged.load()[0] is not None else "torch"
+    assert stats.attention_backend == want and stats.cuda_graph_batch_sizes == []
 
 
 @pytest.mark.gpu

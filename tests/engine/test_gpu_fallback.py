@@ -207,7 +207,7 @@ def test_a_failed_capture_is_logged_with_its_traceback_and_reported(tiny_model, 
 
 
 def test_no_capture_no_capture_error(tiny_model):
-    _, stats = _serve(ModelSpec(path=tiny_model))
+    _, stats = _serve(ModelSpec(path=tiny_model, attention_backend="torch"))
     assert stats.attention_backend == "torch" and stats.cuda_graph_error is None and stats.attention_fallback is None
 
 

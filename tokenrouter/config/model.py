@@ -154,11 +154,13 @@ class ModelSpec(BaseModel):
         "tokens a verifying policy checks. None: the weights as loaded.",
     )
 
-    attention_backend: Literal["auto", "torch", "flashinfer"] = Field(
+    attention_backend: Literal["auto", "torch", "cpu", "flashinfer"] = Field(
         "auto",
         description="'auto': flashinfer's paged kernels on CUDA in float16/bfloat16 when the `gpu` extra is "
-        "installed, imports, and passes its load-time self-test, else torch's (`stats().attention_fallback` "
-        "says why). 'flashinfer' requires it (a failure fails the load); 'torch' runs anywhere.",
+        "installed, imports, and passes its load-time self-test; on CPU tokenrouter's C kernel when it "
+        "builds (a C compiler, AVX512F; float32/bfloat16), whose result for a token is the same bits in any "
+        "step; else torch's (`stats().attention_fallback` says why). 'flashinfer' and 'cpu' require "
+        "theirs (a failure fails the load); 'torch' runs anywhere.",
     )
     prefill_backend: Literal["auto", "fa2", "fa3"] = Field(
         "auto",

@@ -48,7 +48,7 @@ class Runtime:
     blocks: BlockManager
     scheduler: Scheduler
     runner: ModelRunner
-    attention_backend: str  # "torch" or "flashinfer"
+    attention_backend: str  # "torch", "cpu" or "flashinfer"
     attention_fallback: str | None = None  # why "auto" runs torch's backend on CUDA (engine/attention/choice.py)
 
 
@@ -110,7 +110,7 @@ class ModelCore:
         self.cache: KVCache | None = None
         self.blocks: BlockManager | None = None
         self.scheduler: Scheduler | None = None
-        self.attention_backend = ""  # "torch" or "flashinfer", chosen at load
+        self.attention_backend = ""  # "torch", "cpu" or "flashinfer", chosen at load
         self.attention_fallback: str | None = None  # why "auto" runs torch's backend on CUDA, if it does
         self.torch_threads: int | None = None  # torch threads its forwards run on
 

@@ -1,11 +1,13 @@
-"""Which attention backend serves a model: flashinfer's kernels on CUDA when they can, torch's otherwise.
+"""Which attention backend serves a model: flashinfer's kernels on CUDA when they can, our C kernel
+on CPU when it builds (cpu_paged.py: a query's result the same bits in any step), torch's otherwise.
 
 With `attention_backend="auto"` flashinfer must earn its place at load: it must import (any
 error counts, not only a missing package), support the device, dtype and head size, and pass
 its self-test (`FlashInferPagedAttention.self_test`: its kernels built, run and checked on the
 scratch block). Where any of that fails on a CUDA device, the model runs torch's backend, the
-log says why, and so does `stats().attention_fallback`. Asked for by name, flashinfer's failure
-fails the load, naming the reason.
+log says why, and so does `stats().attention_fallback`; on CPU the same holds for the C kernel
+(no compiler, a failed build, a dtype it does not compute). Asked for by name, either one's
+failure fails the load, naming the reason.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from ..kv.cache import KVCache
+from . import cpu_paged
 from .backend import AttentionBackend
+from .cpu_paged import CpuPagedAttention
 from .flashinfer_paged import unsupported_reason
 from .torch_paged import TorchPagedAttention
 
@@ -27,29 +31,39 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class AttentionChoice:
-    name: str  # "torch" or "flashinfer"
-    # why attention_backend="auto" runs torch's backend on a CUDA device (None where flashinfer
-    # serves, on CPU, or with "torch" asked for): flashinfer's import, support or self-test failed
+    name: str  # "torch", "cpu" or "flashinfer"
+    # why attention_backend="auto" runs torch's backend (None where flashinfer or the C kernel
+    # serves, or with "torch" asked for): on CUDA flashinfer's import, support or self-test
+    # failed; on CPU the C kernel did not build or does not compute the dtype
     fallback: str | None = None
 
 
 def choose_attention_backend(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
-    """ "flashinfer" or "torch". With attention_backend="auto" flashinfer wherever it runs (CUDA,
-    float16/bfloat16, the `gpu` extra installed and importable); asked for by name, it must run or
-    loading fails."""
+    """ "flashinfer", "cpu" or "torch". With attention_backend="auto" flashinfer wherever it runs
+    (CUDA, float16/bfloat16, the `gpu` extra installed and importable) and the C kernel wherever
+    it runs (CPU, float32/bfloat16, a C compiler, AVX512F); asked for by name, it must run or loading fails."""
     return attention_choice(spec, device, dtype, head_dim).name
 
 
 def attention_choice(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> AttentionChoice:
-    """The backend before its self-test, and why "auto" did not take flashinfer on a CUDA device."""
+    """The backend before its self-test, and why "auto" runs torch's where it does."""
     if spec.attention_backend == "torch":
         return AttentionChoice("torch")
+    if spec.attention_backend == "cpu":
+        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False)
+        if reason is not None:
+            raise ModelLoadError(f"attention_backend='cpu' for {spec.path}: {reason}")
+        return AttentionChoice("cpu")
     reason = unsupported_reason(device, dtype, head_dim)
     if reason is None:
         return AttentionChoice("flashinfer")
     if spec.attention_backend == "flashinfer":
         raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}")
-    if device.type != "cuda":
+    if device.type == "cpu":
+        reason = cpu_paged.unsupported_reason(device, dtype)
+        if reason is None:
+            return AttentionChoice("cpu")
+    elif device.type != "cuda":
         return AttentionChoice("torch")
     log.warning("%s: attention_backend='auto' runs torch's attention on %s: %s", spec.path, device, reason)
     return AttentionChoice("torch", fallback=reason)
@@ -65,6 +79,10 @@ def make_attention_backend(
 ) -> tuple[AttentionBackend, AttentionChoice]:
     """The chosen backend, ready: flashinfer only once its self-test on `scratch_block` passed
     (else, with "auto", torch's backend and the reason)."""
+    if choice.name == "cpu":
+        kernel, _ = cpu_paged.load()
+        assert kernel is not None  # attention_choice took "cpu" only where it loaded
+        return CpuPagedAttention(cache, kernel), choice
     if choice.name != "flashinfer":
         return TorchPagedAttention(cache), choice
     from .flashinfer_paged import FlashInferPagedAttention

@@ -18,14 +18,12 @@ Every row's keys are padded (masked) to a multiple of KEY_MULTIPLE. torch's CPU 
 query the same result whatever else is in the call (its other queries, the rows beside it, masked
 keys after its own) only while no 16-key chunk holding its keys is cut short: the demo 1.5B's
 attention for one token over 43 keys differed between a width of 43 or 44-47 and one of 48 or
-more, which made a prefill's tokens and the same tokens decoded one by one part (and a
-verifier's logits differ from the target's own decode, so that greedy Speculative was not the
-target's output). Padded so, and every row folded, a query's result is mostly the same in a
-decode step, a verifier's check or a prefill. Not always: on real data the result also moved
-with the call's width beyond the padding (one token over 191 keys, widths 192 and 208), and a
-decode step's width is its batch's widest row. Computing each query at its own padded width
-(decode rows grouped by it, other rows in 16-query chunks aligned to 16 positions) would close
-that; not done.
+more, which made a prefill's tokens and the same tokens decoded one by one part. Padded so, and
+every row folded, a query's result is mostly the same in a decode step, a verifier's check or a
+prefill; not always: on real data it also moved with the call's width beyond the padding, and a
+decode step's width is its batch's widest row. On CPU the C kernel (cpu_paged.py) therefore
+serves by default: it computes each query alone, the same bits in any step. This backend is what
+serves where that kernel does not build, and on devices flashinfer does not serve.
 """
 
 from __future__ import annotations

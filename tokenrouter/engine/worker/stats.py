@@ -33,9 +33,10 @@ class WorkerStats:
     error: str | None
     batch_min: int = 1  # B in force (delayed batching)
     time_waiting_for_cores_s: float = 0.0  # on CPU: waiting for another worker's step (engine/worker/cpu_turns.py)
-    attention_backend: str = ""  # "torch" or "flashinfer" (ModelSpec.attention_backend)
-    # why attention_backend="auto" runs "torch" on a CUDA device: flashinfer failed to import, does not
-    # support the model there, or failed its load-time self-test (engine/attention/choice.py); else None
+    attention_backend: str = ""  # "torch", "cpu" or "flashinfer" (ModelSpec.attention_backend)
+    # why attention_backend="auto" runs "torch": on CUDA flashinfer failed to import, does not support
+    # the model there, or failed its load-time self-test; on CPU the C kernel did not build or does not
+    # compute the dtype (engine/attention/choice.py); else None
     attention_fallback: str | None = None
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
     cuda_graph_error: str | None = None  # why capturing them failed ("RuntimeError: ..."; the log has the traceback)

@@ -1,0 +1,164 @@
+"""The C attention kernel (engine/attention/cpu_paged.py): it computes what torch's SDPA does over
+the paged cache, and a query's result is the same bits whatever else the step holds, however wide
+its widest row is, and with any number of threads. Both builds: the one for this CPU (its AVX512
+loops where it has them) and the plain-C loops a CPU without AVX512F gets."""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+
+import pytest
+import torch
+
+from tokenrouter.engine import native_build
+from tokenrouter.engine.attention import cpu_paged
+from tokenrouter.engine.attention.backend import AttentionMetadata
+from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
+from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
+from tokenrouter.engine.kv.cache import KVCache, KVLayout
+
+BLOCK = 4
+
+
+@pytest.fixture(scope="module", params=["this CPU", "plain C"])
+def kernel(request, tmp_path_factory):
+    if request.param == "this CPU":
+        got, why = cpu_paged.load()
+        if got is None:
+            pytest.skip(f"no C attention kernel here: {why}")
+        return got
+    cc = native_build.compiler()
+    if cc is None:
+        pytest.skip("no C compiler")
+    path = tmp_path_factory.mktemp("plain") / "paged-kernels-plain.so"
+    flags = [f for f in native_build.FLAGS if not f.startswith("-march")]
+    subprocess.run([cc, *flags, "-o", str(path), str(cpu_paged.SOURCE)], check=True, timeout=300)
+    got = cpu_paged.bind(ctypes.CDLL(str(path)), path)
+    assert not got.vectorized
+    return got
+
+
+def step(rows: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
+    """Metadata of one step whose rows are (tokens already cached, new tokens), decode rows
+    (one new token after a cached prefix) first, as the runner packs them."""
+    nd = 0
+    while nd < len(rows) and rows[nd][1] == 1 and rows[nd][0] > 0:
+        nd += 1
+    slots, prefill_rows, prefill_slots, start = [], [], [], 0
+    for i, (cached, new) in enumerate(rows):
+        table = torch.tensor(tables[i])
+        pos = torch.arange(cached, cached + new)
+        slots.append(table[pos // BLOCK] * BLOCK + pos % BLOCK)
+        if i >= nd:
+            prefill_rows.append((start, new, cached + new))
+            ctx = torch.arange(cached + new)
+            prefill_slots.append(table[ctx // BLOCK] * BLOCK + ctx % BLOCK if cached else None)
+        start += new
+    dtables = dmask = dpos = None
+    if nd:
+        width = max(len(t) for t in tables[:nd])
+        dtables = torch.tensor([t + [0] * (width - len(t)) for t in tables[:nd]])
+        dpos = torch.tensor([c for c, _ in rows[:nd]])
+        dmask = torch.arange(width * BLOCK)[None, :] <= dpos[:, None]
+    return AttentionMetadata(
+        slot_mapping=torch.cat(slots),
+        num_decode=nd,
+        decode_block_tables=dtables,
+        decode_mask=dmask,
+        decode_positions=dpos,
+        prefill_rows=prefill_rows,
+        prefill_slots=prefill_slots,
+        query_lens=[n for _, n in rows],
+        context_lens=[c + n for c, n in rows],
+        block_tables=tables,
+        block_size=BLOCK,
+    )
+
+
+def tables_for(rows: list[tuple[int, int]], shuffle: torch.Generator) -> list[list[int]]:
+    """Each row's blocks, scattered over the pool (block ids in random order)."""
+    need = [-(-(c + n) // BLOCK) for c, n in rows]
+    order = torch.randperm(sum(need), generator=shuffle).tolist()
+    out, at = [], 0
+    for k in need:
+        out.append(order[at : at + k])
+        at += k
+    return out
+
+
+def filled_cache(layout: KVLayout, blocks: int, gen: torch.Generator) -> KVCache:
+    cache = KVCache(layout, blocks, BLOCK, torch.device("cpu"))
+    for t in (*cache.k, *cache.v):
+        t.copy_(torch.randn(t.shape, generator=gen))
+    return cache
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads, kv_heads, dim", [(12, 2, 128), (4, 4, 16), (9, 3, 64), (6, 1, 20)])
+@pytest.mark.parametrize("window", [None, 7])
+def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, heads, kv_heads, dim, window):
+    gen = torch.Generator().manual_seed(heads * 100 + dim)
+    rows = [(37, 1), (5, 1), (12, 3), (0, 9), (20, 40), (0, 1)]  # decodes, a short extend, prefills
+    tables = tables_for(rows, gen)
+    layout = KVLayout(1, kv_heads, dim, dtype)
+    cache = filled_cache(layout, 64, gen)
+    meta = step(rows, tables)
+    tokens = meta.slot_mapping.numel()
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))
+    want = TorchPagedAttention(cache).forward(0, q, k, v, meta, dim**-0.5, window)
+    got = CpuPagedAttention(cache, kernel).forward(0, q, k, v, meta, dim**-0.5, window)
+    assert got.shape == want.shape and got.dtype == dtype
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("n, positions", [(70, [0, 15, 16, 43, 47, 48, 69]), (600, [1, 255, 256, 300, 511, 512, 599])])
+def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, n, positions):
+    """One row of n tokens: prefilled whole, then each token again as a decode row beside rows
+    of other widths (up to 1100 keys), as the last of a verifier's 5 checked tokens, and with one
+    or two threads. (torch's SDPA fails this at 600 tokens in float32: a prefill's token and the
+    same token decoded differ.)"""
+    gen = torch.Generator().manual_seed(n)
+    heads, kv_heads, dim = 12, 2, 128
+    layout = KVLayout(1, kv_heads, dim, dtype)
+    cache = filled_cache(layout, 1200, gen)
+    q = torch.randn(n, heads, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(n, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))
+    table = list(range(1199, 1199 - -(-n // BLOCK), -1))  # its blocks in reverse order
+    others = [list(range(i * 280, i * 280 + 280)) for i in range(3)]  # rows beside it, up to 1120 keys
+    beside = [(1100, 1), (3, 1), (n // 2, 1)]
+    backend = CpuPagedAttention(cache, kernel)
+    whole = backend.forward(0, q, k, v, step([(0, n)], [table]), dim**-0.5, None)
+    threads = torch.get_num_threads()
+
+    def last_row(rows, tables, own):  # the output of the last row's last token, random rows before it
+        extra = sum(r[1] for r in rows[:-1])
+        qs = torch.cat([torch.randn(extra, heads, dim, generator=gen).to(dtype), q[own]])
+        ks = torch.cat([torch.randn(extra, kv_heads, dim, generator=gen).to(dtype), k[own]])
+        vs = torch.cat([torch.randn(extra, kv_heads, dim, generator=gen).to(dtype), v[own]])
+        return backend.forward(0, qs, ks, vs, step(rows, tables), dim**-0.5, None)[-1]
+
+    try:
+        for t, pos in enumerate(positions):
+            torch.set_num_threads(1 + t % 2)
+            decoded = last_row([*beside[: t % 4], (pos, 1)], [*others[: t % 4], table], slice(pos, pos + 1))
+            assert torch.equal(decoded, whole[pos]), (dtype, pos, "decode")
+            first = max(0, pos - 4)
+            rows = [*beside[: t % 3], (first, pos + 1 - first)]
+            checked = last_row(rows, [*others[: t % 3], table], slice(first, pos + 1))
+            assert torch.equal(checked, whole[pos]), (dtype, pos, "check")
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_query_past_its_row_s_blocks_is_refused(kernel):
+    layout = KVLayout(1, 2, 16, torch.float32)
+    cache = filled_cache(layout, 8, torch.Generator().manual_seed(0))
+    meta = step([(6, 1)], [[0, 1]])
+    meta.block_tables = [[0]]  # one block of 4 for 7 keys
+    q, k, v = torch.randn(1, 2, 16), torch.randn(1, 2, 16), torch.randn(1, 2, 16)
+    with pytest.raises(RuntimeError, match="tr_paged_attention failed"):
+        CpuPagedAttention(cache, kernel).forward(0, q, k, v, meta, 0.25, None)

@@ -1,0 +1,138 @@
+"""Paged attention on CPU by tokenrouter's C kernel (`paged_kernels.c`), one query at a time.
+
+Why a kernel of our own: a query's result must not depend on what else is in the step. torch's
+CPU SDPA tiles by the call's shapes, so a token's attention in a decode step, in a verifier's
+check of k drafts and in a prefill differed in the last bits, and the argmax moved now and then:
+greedy Speculative wrote the target's own answer on 145 of 164 HumanEval problems. The kernel
+sums every query in one fixed order that depends only on that query's own keys (the C file says
+which), so a step's tokens are the same bits in any batch, any call width and any thread count.
+
+It reads the paged cache in place through the block tables (no gather of the context), computes
+in float32 from float32 or bf16 K/V, and splits work over (query, KV head) pairs. It is built
+for this CPU on first use (engine/native_build.py); where it cannot be, `attention_backend="auto"`
+runs torch's backend (torch_paged.py), and the load says why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .. import native_build
+from ..kv.cache import KVCache
+from .backend import AttentionBackend, AttentionMetadata
+
+SOURCE = Path(__file__).with_name("paged_kernels.c")
+DTYPES = (torch.float32, torch.bfloat16)
+
+
+@dataclass(frozen=True)
+class Kernel:
+    path: Path
+    vectorized: bool  # built with the AVX512 loops (else plain C: the same rule, slower)
+    attention: Callable[..., int]  # tr_paged_attention, through ctypes
+
+
+def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
+    """(the kernel, "") or (None, why not): built on first use, then read from the store."""
+    return native_build.load(SOURCE, bind, home)
+
+
+def unsupported_reason(device: torch.device, dtype: torch.dtype, vectorized: bool = True) -> str | None:
+    """Why the kernel cannot serve (None: it can). `vectorized`: only with its AVX512 loops (what
+    `attention_backend="auto"` asks: its plain-C loops are slower than torch's SDPA)."""
+    if device.type != "cpu":
+        return f"the C attention kernel runs on CPU, not {device.type}"
+    if dtype not in DTYPES:
+        return f"the C attention kernel computes float32 or bfloat16, not {dtype}"
+    kernel, why = load()
+    if kernel is None:
+        return why
+    if vectorized and not kernel.vectorized:
+        return "the C attention kernel has no vector loops for this CPU (no AVX512F): torch's SDPA is faster"
+    return None
+
+
+def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
+    """The kernel's function in a loaded build of SOURCE."""
+    i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
+    fn = lib.tr_paged_attention
+    fn.restype = i32
+    fn.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32, i64, i32, i32, i32, ptr, ptr, ptr, i64, i32, i32, f32, i32]
+    lib.tr_attention_vectorized.restype = i32
+    return Kernel(path, bool(lib.tr_attention_vectorized()), fn)
+
+
+@dataclass(frozen=True)
+class StepQueries:
+    """What the kernel needs of a step, built once in `plan` for every layer (int32, host)."""
+
+    token_row: torch.Tensor  # [tokens] the row of each packed token
+    token_keys: torch.Tensor  # [tokens] the keys it attends to: its position + 1
+    tables: torch.Tensor  # [rows, widest] each row's block ids, padded with 0
+
+    @classmethod
+    def of(cls, meta: AttentionMetadata) -> StepQueries:
+        q_lens = torch.tensor(meta.query_lens, dtype=torch.int32)
+        ctx = torch.tensor(meta.context_lens, dtype=torch.int32)
+        token_row = torch.repeat_interleave(torch.arange(len(q_lens), dtype=torch.int32), q_lens)
+        first = torch.cumsum(q_lens, 0) - q_lens  # each row's first packed token
+        index = torch.arange(int(q_lens.sum()), dtype=torch.int32) - first[token_row.long()]
+        token_keys = (ctx - q_lens)[token_row.long()] + index + 1
+        widest = max(len(t) for t in meta.block_tables)
+        tables = torch.tensor([t + [0] * (widest - len(t)) for t in meta.block_tables], dtype=torch.int32)
+        return cls(token_row, token_keys.to(torch.int32), tables)
+
+
+class CpuPagedAttention(AttentionBackend):
+    def __init__(self, cache: KVCache, kernel: Kernel):
+        self.cache = cache
+        self.kernel = kernel
+        self._planned: tuple[AttentionMetadata, StepQueries] | None = None
+
+    def plan(self, meta: AttentionMetadata) -> None:
+        self._planned = (meta, StepQueries.of(meta))
+
+    def _queries(self, meta: AttentionMetadata) -> StepQueries:
+        if self._planned is None or self._planned[0] is not meta:  # a caller that did not plan
+            self.plan(meta)
+        return self._planned[1]
+
+    def forward(self, layer_idx, q, k, v, meta: AttentionMetadata, scaling, sliding_window):
+        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
+        k_cache.index_copy_(0, meta.slot_mapping, k)
+        v_cache.index_copy_(0, meta.slot_mapping, v)
+        step = self._queries(meta)
+        tokens, heads, dim = q.shape
+        if q.stride(-1) != 1:
+            q = q.contiguous()
+        out = torch.empty(tokens, heads, dim, dtype=q.dtype)
+        rc = self.kernel.attention(
+            q.data_ptr(),
+            q.stride(0),
+            q.stride(1),
+            out.data_ptr(),
+            int(q.dtype == torch.bfloat16),
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            int(k_cache.dtype == torch.bfloat16),
+            tokens,
+            heads,
+            k_cache.shape[1],
+            dim,
+            step.token_row.data_ptr(),
+            step.token_keys.data_ptr(),
+            step.tables.data_ptr(),
+            step.tables.shape[1],
+            meta.block_size,
+            sliding_window or 0,
+            float(scaling),
+            torch.get_num_threads(),
+        )
+        if rc != 0:
+            raise RuntimeError(f"tr_paged_attention failed (layer {layer_idx}, {tokens} queries)")
+        return out
