@@ -154,11 +154,15 @@ def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, n, positions):
         torch.set_num_threads(threads)
 
 
-def test_a_query_past_its_row_s_blocks_is_refused(kernel):
+@pytest.mark.parametrize(
+    "tables, why",
+    [([[0]], "7 keys in one block of 4"), ([[99, 1]], "a block past the cache"), ([[1, -1]], "a negative block")],
+)
+def test_a_step_that_would_read_outside_the_cache_is_refused(kernel, tables, why):
     layout = KVLayout(1, 2, 16, torch.float32)
     cache = filled_cache(layout, 8, torch.Generator().manual_seed(0))
     meta = step([(6, 1)], [[0, 1]])
-    meta.block_tables = [[0]]  # one block of 4 for 7 keys
+    meta.block_tables = tables
     q, k, v = torch.randn(1, 2, 16), torch.randn(1, 2, 16), torch.randn(1, 2, 16)
     with pytest.raises(RuntimeError, match="tr_paged_attention failed"):
         CpuPagedAttention(cache, kernel).forward(0, q, k, v, meta, 0.25, None)

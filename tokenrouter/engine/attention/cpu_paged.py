@@ -62,7 +62,13 @@ def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     fn = lib.tr_paged_attention
     fn.restype = i32
-    fn.argtypes = [ptr, i64, i64, ptr, i32, ptr, ptr, i32, i64, i32, i32, i32, ptr, ptr, ptr, i64, i32, i32, f32, i32]
+    fn.argtypes = [
+        *(ptr, i64, i64, ptr, i32),  # q, its strides, out, bf16 activations
+        *(ptr, ptr, i32, i64),  # the K and V caches, bf16, their blocks
+        *(i64, i32, i32, i32),  # tokens, heads, KV heads, head dim
+        *(ptr, ptr, ptr, i64, i64, i32),  # token_row, token_keys, tables, rows, table width, block size
+        *(i32, f32, i32),  # window, scale, threads
+    ]
     lib.tr_attention_vectorized.restype = i32
     return Kernel(path, bool(lib.tr_attention_vectorized()), fn)
 
@@ -120,6 +126,7 @@ class CpuPagedAttention(AttentionBackend):
             k_cache.data_ptr(),
             v_cache.data_ptr(),
             int(k_cache.dtype == torch.bfloat16),
+            self.cache.num_blocks,
             tokens,
             heads,
             k_cache.shape[1],
@@ -127,6 +134,7 @@ class CpuPagedAttention(AttentionBackend):
             step.token_row.data_ptr(),
             step.token_keys.data_ptr(),
             step.tables.data_ptr(),
+            step.tables.shape[0],
             step.tables.shape[1],
             meta.block_size,
             sliding_window or 0,

@@ -248,19 +248,30 @@ int tr_attention_vectorized(void) {
 }
 
 /* out [tokens, heads, dim] (contiguous, q's dtype) for every query of the step. token_row[t]: the
- * row (index into tables, [rows, table_width] block ids) of query t; token_keys[t]: how many keys
- * it attends to (its position + 1). window <= 0: no sliding window. Returns 0, or -1 on bad
- * arguments or memory. */
+ * row (index into tables, [rows, table_width] block ids of a cache of cache_blocks) of query t;
+ * token_keys[t]: how many keys it attends to (its position + 1). window <= 0: no sliding window.
+ * Returns 0, or -1 on bad arguments (a row, key count or block id out of range: nothing is read
+ * outside the cache) or memory. */
 int tr_paged_attention(const void *q, int64_t q_stride_t, int64_t q_stride_h, void *out, int act_bf16, const void *k,
-                       const void *v, int kv_bf16, int64_t tokens, int heads, int kv_heads, int dim,
-                       const int32_t *token_row, const int32_t *token_keys, const int32_t *tables, int64_t table_width,
-                       int block_size, int window, float scale, int threads) {
+                       const void *v, int kv_bf16, int64_t cache_blocks, int64_t tokens, int heads, int kv_heads,
+                       int dim, const int32_t *token_row, const int32_t *token_keys, const int32_t *tables,
+                       int64_t rows, int64_t table_width, int block_size, int window, float scale, int threads) {
     if (tokens < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || dim <= 0 || block_size <= 0) return -1;
     int64_t most = 0;
-    for (int64_t t = 0; t < tokens; t++) {
-        if (token_keys[t] <= 0 || token_keys[t] > table_width * block_size) return -1;
+    int64_t *need = calloc(rows > 0 ? (size_t)rows : 1, sizeof(int64_t)); /* each row's most keys */
+    if (!need) return -1;
+    int bad = 0;
+    for (int64_t t = 0; t < tokens && !bad; t++) {
+        bad =
+            token_row[t] < 0 || token_row[t] >= rows || token_keys[t] <= 0 || token_keys[t] > table_width * block_size;
+        if (!bad && token_keys[t] > need[token_row[t]]) need[token_row[t]] = token_keys[t];
         most = token_keys[t] > most ? token_keys[t] : most;
     }
+    for (int64_t r = 0; r < rows && !bad; r++)
+        for (int64_t b = 0; b * block_size < need[r] && !bad; b++)
+            bad = tables[r * table_width + b] < 0 || tables[r * table_width + b] >= cache_blocks;
+    free(need);
+    if (bad) return -1;
     const Problem pr = {.q = q,
                         .out = out,
                         .act_bf16 = act_bf16,
