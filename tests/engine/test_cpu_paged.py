@@ -17,6 +17,7 @@ from tokenrouter.engine.attention.backend import AttentionMetadata
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
 from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.testing.paged_steps import step_metadata
 
 BLOCK = 4
 
@@ -40,40 +41,7 @@ def kernel(request, tmp_path_factory):
 
 
 def step(rows: list[tuple[int, int]], tables: list[list[int]]) -> AttentionMetadata:
-    """Metadata of one step whose rows are (tokens already cached, new tokens), decode rows
-    (one new token after a cached prefix) first, as the runner packs them."""
-    nd = 0
-    while nd < len(rows) and rows[nd][1] == 1 and rows[nd][0] > 0:
-        nd += 1
-    slots, prefill_rows, prefill_slots, start = [], [], [], 0
-    for i, (cached, new) in enumerate(rows):
-        table = torch.tensor(tables[i])
-        pos = torch.arange(cached, cached + new)
-        slots.append(table[pos // BLOCK] * BLOCK + pos % BLOCK)
-        if i >= nd:
-            prefill_rows.append((start, new, cached + new))
-            ctx = torch.arange(cached + new)
-            prefill_slots.append(table[ctx // BLOCK] * BLOCK + ctx % BLOCK if cached else None)
-        start += new
-    dtables = dmask = dpos = None
-    if nd:
-        width = max(len(t) for t in tables[:nd])
-        dtables = torch.tensor([t + [0] * (width - len(t)) for t in tables[:nd]])
-        dpos = torch.tensor([c for c, _ in rows[:nd]])
-        dmask = torch.arange(width * BLOCK)[None, :] <= dpos[:, None]
-    return AttentionMetadata(
-        slot_mapping=torch.cat(slots),
-        num_decode=nd,
-        decode_block_tables=dtables,
-        decode_mask=dmask,
-        decode_positions=dpos,
-        prefill_rows=prefill_rows,
-        prefill_slots=prefill_slots,
-        query_lens=[n for _, n in rows],
-        context_lens=[c + n for c, n in rows],
-        block_tables=tables,
-        block_size=BLOCK,
-    )
+    return step_metadata(rows, tables, BLOCK)
 
 
 def tables_for(rows: list[tuple[int, int]], shuffle: torch.Generator) -> list[list[int]]:

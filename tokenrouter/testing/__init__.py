@@ -9,6 +9,7 @@
   mixes and counts host syncs, as CUDA would: device placement checked on a CPU-only torch.
 - `flashinfer_fake`: `FakeFlashInfer`, flashinfer 0.7.4's contract (signatures, the checks its
   wrappers make, the attention they compute) in plain torch, for the GPU path's logic on CPU.
+- `paged_steps`: a step's attention metadata made by hand, to check or time an attention backend.
 """
 
 from .gguf import quantize_q4k, write_gguf

@@ -114,9 +114,7 @@ class TorchPagedAttention(AttentionBackend):
         return self._planned[1]
 
     def forward(self, layer_idx, q, k, v, meta: AttentionMetadata, scaling, sliding_window):
-        k_cache, v_cache = self.cache.k[layer_idx], self.cache.v[layer_idx]
-        k_cache.index_copy_(0, meta.slot_mapping, k)
-        v_cache.index_copy_(0, meta.slot_mapping, v)
+        k_cache, v_cache = self.cache.write(layer_idx, meta.slot_mapping, k, v)
         out = torch.empty_like(q)
         nd = meta.num_decode
         if nd:

@@ -40,6 +40,13 @@ class KVCache:
         self.k = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
         self.v = [torch.zeros(shape, dtype=layout.dtype, device=device) for _ in range(layout.num_layers)]
 
+    def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        """A step's new K/V of one layer into their slots; returns that layer's K and V tensors."""
+        k_cache, v_cache = self.k[layer_idx], self.v[layer_idx]
+        k_cache.index_copy_(0, slots, k)
+        v_cache.index_copy_(0, slots, v)
+        return k_cache, v_cache
+
     @staticmethod
     def num_blocks_for(layout: KVLayout, block_size: int, tokens: int | None, nbytes: int | None) -> int:
         if nbytes is not None:
