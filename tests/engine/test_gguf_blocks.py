@@ -89,6 +89,8 @@ def test_a_block_layer_takes_bf16_and_float32_inputs_of_any_leading_shape(lib):
     assert y32.shape == (2, 3, n) and y32.dtype == torch.float32 and y16.dtype == torch.bfloat16
     assert (y16.float() - y32).norm() <= 0.01 * y32.norm()  # bf16 input and output rounding
     assert layer.weight.shape == (n, k) and layer.weight.is_meta
+    none = layer(torch.randn(0, k))  # a step where no row needs this layer (no row samples)
+    assert none.shape == (0, n) and layer(torch.randn(2, 0, k)).shape == (2, 0, n)
 
 
 def test_a_block_layer_refuses_what_the_kernels_cannot_take(lib):

@@ -250,3 +250,27 @@ def test_the_header_index_agrees_with_ggufs_reader(tmp_path, alignment):
     (tmp_path / "not.gguf").write_bytes(b"{}" * 20)
     with pytest.raises(ValueError, match="not a GGUF file"):
         tensor_places(tmp_path / "not.gguf")
+
+
+def test_a_prompt_chunked_over_steps_runs_on_the_block_kernels(tmp_path, tokenizer, monkeypatch):
+    """A prompt longer than the step's token budget is prefilled in chunks, and a step holding only
+    a chunk that does not end the prompt samples nothing: the output head then computes no row.
+    The block kernels refused a call of 0 rows, which failed such a step (it ended a HumanEval
+    run under RStitch). The answer is the one an unchunked prefill gives."""
+    from tokenrouter.engine.model.linear import gguf_native, probe
+
+    lib = gguf_native.load()[0]
+    if lib is None or not lib.fast:
+        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks")
+    path = build_tiny_model(tmp_path / "m", "qwen2", tokenizer=tokenizer, hidden_size=256, intermediate_size=320)
+    write_gguf(path)
+    prompt = [(7 * i + 3) % 300 + 3 for i in range(40)]
+
+    async def main(budget: int):
+        spec = ModelSpec(path=path, dtype="bfloat16", quantization="gguf", max_num_batched_tokens=budget)
+        async with Engine(models={"m": spec}, num_threads=1) as e:
+            assert e.loaded["m"].linear_kernel.startswith("blocks")
+            return (await e.generate(prompt, SamplingParams(max_tokens=4, temperature=0))).token_ids
+
+    assert anyio.run(main, 16) == anyio.run(main, 512)

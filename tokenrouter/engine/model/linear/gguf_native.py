@@ -101,6 +101,8 @@ def matmul(
     m = x.shape[0]
     bf16 = x.dtype == torch.bfloat16
     y = torch.empty(m, n, dtype=x.dtype)
+    if m == 0:  # a step with no row to compute here (the output head when no row samples)
+        return y
     rc = (lib.matmul_packed if packed else lib.matmul)(
         TYPES[kind],
         blocks.data_ptr(),
