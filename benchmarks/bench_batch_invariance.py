@@ -13,10 +13,12 @@ multiple of 16 (docs/evaluation.md). The checks, 2 threads, on this machine:
    decode step, bf16): a context of c keys padded with masked keys to width W. A decode step
    pads every row to the batch's widest block table, so W depends on the batch; the torch
    backend pads every row to a multiple of 16 (`KEY_MULTIPLE`) at least, and the result must be
-   the same for every W from there on (the widths short of it differ).
-3. The demo 1.5B itself (gguf+bf16 and gguf): three tokens decoded one step at a time against
-   the same three in one extend step (a verifier's check), the last token's attention output
-   and logits compared bitwise.
+   the same for every W from there on (the widths short of it differ). Then the C kernel
+   (engine/attention/cpu_paged.py, the CPU default): the same query decoded alone, beside rows
+   of other lengths, and as the last of a verifier's 4 checked tokens.
+3. The demo 1.5B itself (gguf+bf16 and gguf), with each attention backend: three tokens decoded
+   one step at a time against the same three in one extend step (a verifier's check), the last
+   token's attention output and logits compared bitwise.
 4. With `--speculative N`: greedy Speculative(4) on the demo pair against the large model alone,
    N prompts of bench_routing.TASKS at once, 128 tokens, in each of the two modes: how many
    answers are equal, and where the others first part.
@@ -39,6 +41,8 @@ import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single
 from tokenrouter.bench.machine import machine_info
+from tokenrouter.engine.attention import cpu_paged
+from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa, padded
 from tokenrouter.engine.kv.cache import KVCache, KVLayout
 from tokenrouter.engine.model.linear import gguf_native, int4, int8_weights, onednn, probe
@@ -49,6 +53,7 @@ from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.policies import Speculative
 from tokenrouter.store import ensure_model
+from tokenrouter.testing.paged_steps import consecutive_tables, step_metadata
 
 ROWS = (1, 2, 4, 5, 8, 16, 17, 32, 64)
 
@@ -107,7 +112,46 @@ def attention_widths() -> dict:
     return out
 
 
-def decode_against_extend(quantization: str) -> dict:
+def c_kernel_steps() -> dict:
+    """The C kernel, bf16, the 1.5B's heads: a query over c keys decoded alone against the same
+    query beside rows of c + 16, c + 80 and 1000 keys, and as the last of 4 checked tokens."""
+    kernel, why = cpu_paged.load()
+    if kernel is None:
+        return {"skipped": why}
+    torch.manual_seed(0)
+    heads, kv_heads, dim, block = 12, 2, 128, 16
+    cache = KVCache(KVLayout(1, kv_heads, dim, torch.bfloat16), 256, block, "cpu")
+    for t in (*cache.k, *cache.v):
+        t.copy_(torch.randn(t.shape))
+    backend = CpuPagedAttention(cache, kernel)
+
+    def last_output(rows: list[tuple[int, int]], q: torch.Tensor) -> torch.Tensor:
+        """rows (tokens cached, new tokens), the last row's blocks 0.., the others' after them; q is
+        the last row's queries, random ones before them."""
+        tables = [*consecutive_tables(rows[:-1], block, first=64), *consecutive_tables(rows[-1:], block)]
+        meta = step_metadata(rows, tables, block)
+        slots = meta.slot_mapping
+        extra = sum(n for _, n in rows[:-1])
+        qs = torch.cat([torch.randn(extra, heads, dim).bfloat16(), q])
+        k = cache.k[0][slots].clone()  # write back what is there: the cache stays as it was
+        v = cache.v[0][slots].clone()
+        return backend.forward(0, qs, k, v, meta, dim**-0.5, None)[-1]
+
+    out = {}
+    for ctx in (7, 23, 40, 100, 191, 300, 700):
+        q = torch.randn(4, heads, dim).bfloat16()
+        alone = last_output([(ctx - 1, 1)], q[-1:])
+        beside = [last_output([(w - 1, 1), (ctx - 1, 1)], q[-1:]) for w in (ctx + 16, ctx + 80, 1000)]
+        checked = last_output([(ctx - 4, 4)], q)
+        out[str(ctx)] = {
+            "beside_wider_rows_equal": all(torch.equal(b, alone) for b in beside),
+            "in_a_check_equal": torch.equal(checked, alone),
+        }
+        print(f"C kernel, context {ctx:4d}: {out[str(ctx)]}")
+    return out
+
+
+def decode_against_extend(quantization: str, attention: str) -> dict:
     """The demo 1.5B: decode 3 tokens one at a time, or score them in one extend step."""
     path = ensure_model("qwen-coder-1.5b")
     loaded = load_model("large", ModelSpec(path=path, quantization=quantization), threads=2)
@@ -118,7 +162,7 @@ def decode_against_extend(quantization: str) -> dict:
 
     def run(extend: bool) -> torch.Tensor:
         cache = KVCache(layout, 16, 16, "cpu")
-        backend = TorchPagedAttention(cache)
+        backend = TorchPagedAttention(cache) if attention == "torch" else CpuPagedAttention(cache, cpu_paged.load()[0])
         forward = backend.forward
 
         def layer0(layer_idx, q, k, v, meta, scaling, window):
@@ -144,17 +188,18 @@ def decode_against_extend(quantization: str) -> dict:
         return logits
 
     decoded = run(extend=False)
-    attention = captured["attention"]
+    decoded_attention = captured["attention"]
     scored = run(extend=True)
     result = {
+        "attention": attention,
         "linear_kernel": loaded.linear_kernel,
-        "layer0_attention_equal": torch.equal(attention, captured["attention"]),
-        "layer0_attention_max_abs_diff": (attention.float() - captured["attention"].float()).abs().max().item(),
+        "layer0_attention_equal": torch.equal(decoded_attention, captured["attention"]),
+        "layer0_attention_max_abs_diff": (decoded_attention.float() - captured["attention"].float()).abs().max().item(),
         "logits_equal": torch.equal(decoded, scored),
         "logits_max_abs_diff": (decoded - scored).abs().max().item(),
         "argmax_equal": int(decoded.argmax()) == int(scored.argmax()),
     }
-    print(f"demo 1.5B, {quantization}: {result}")
+    print(f"demo 1.5B, {quantization}, {attention} attention: {result}")
     return result
 
 
@@ -200,7 +245,10 @@ def main(args) -> None:
         "meta": {"machine": machine_info(), "threads": 2, "torch": torch.__version__},
         "linear_rows_that_differ": linear_kernels(),
         "attention_padded_width": attention_widths(),
-        "decode_against_extend": {q: decode_against_extend(q) for q in ("gguf+bf16", "gguf")},
+        "c_kernel_attention": c_kernel_steps(),
+        "decode_against_extend": {
+            f"{q}, {a} attention": decode_against_extend(q, a) for q in ("gguf+bf16", "gguf") for a in ("torch", "cpu")
+        },
     }
     if args.speculative:
         results["speculative_against_large"] = {
