@@ -62,14 +62,18 @@ def filled_cache(layout: KVLayout, blocks: int, gen: torch.Generator) -> KVCache
     return cache
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+# (activations, KV cache): as a model computes, and float32 over llama.cpp's float16 KV
+DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16)]
+
+
+@pytest.mark.parametrize("dtype, kv_dtype", DTYPES)
 @pytest.mark.parametrize("heads, kv_heads, dim", [(12, 2, 128), (4, 4, 16), (9, 3, 64), (6, 1, 20)])
 @pytest.mark.parametrize("window", [None, 7])
-def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, heads, kv_heads, dim, window):
+def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, kv_dtype, heads, kv_heads, dim, window):
     gen = torch.Generator().manual_seed(heads * 100 + dim)
     rows = [(37, 1), (5, 1), (12, 3), (0, 9), (20, 40), (0, 1)]  # decodes, a short extend, prefills
     tables = tables_for(rows, gen)
-    layout = KVLayout(1, kv_heads, dim, dtype)
+    layout = KVLayout(1, kv_heads, dim, kv_dtype)
     cache = filled_cache(layout, 64, gen)
     meta = step(rows, tables)
     tokens = meta.slot_mapping.numel()
@@ -82,16 +86,16 @@ def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, heads, kv
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype, kv_dtype", DTYPES)
 @pytest.mark.parametrize("n, positions", [(70, [0, 15, 16, 43, 47, 48, 69]), (600, [1, 255, 256, 300, 511, 512, 599])])
-def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, n, positions):
+def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, kv_dtype, n, positions):
     """One row of n tokens: prefilled whole, then each token again as a decode row beside rows
     of other widths (up to 1100 keys), as the last of a verifier's 5 checked tokens, and with one
     or two threads. (torch's SDPA fails this at 600 tokens in float32: a prefill's token and the
     same token decoded differ.)"""
     gen = torch.Generator().manual_seed(n)
     heads, kv_heads, dim = 12, 2, 128
-    layout = KVLayout(1, kv_heads, dim, dtype)
+    layout = KVLayout(1, kv_heads, dim, kv_dtype)
     cache = filled_cache(layout, 1200, gen)
     q = torch.randn(n, heads, dim, generator=gen).to(dtype)
     k, v = (torch.randn(n, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))

@@ -38,19 +38,25 @@ class AttentionChoice:
     fallback: str | None = None
 
 
-def choose_attention_backend(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> str:
+def choose_attention_backend(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int, kv_dtype: torch.dtype | None = None
+) -> str:
     """ "flashinfer", "cpu" or "torch". With attention_backend="auto" flashinfer wherever it runs
     (CUDA, float16/bfloat16, the `gpu` extra installed and importable) and the C kernel wherever
     it runs (CPU, float32/bfloat16, a C compiler, AVX512F); asked for by name, it must run or loading fails."""
-    return attention_choice(spec, device, dtype, head_dim).name
+    return attention_choice(spec, device, dtype, head_dim, kv_dtype).name
 
 
-def attention_choice(spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int) -> AttentionChoice:
-    """The backend before its self-test, and why "auto" runs torch's where it does."""
+def attention_choice(
+    spec: ModelSpec, device: torch.device, dtype: torch.dtype, head_dim: int, kv_dtype: torch.dtype | None = None
+) -> AttentionChoice:
+    """The backend before its self-test, and why "auto" runs torch's where it does. `kv_dtype`:
+    what the KV cache holds where it is not `dtype` (a CPU model of float32 activations keeps it in
+    float16, as llama.cpp does)."""
     if spec.attention_backend == "torch":
         return AttentionChoice("torch")
     if spec.attention_backend == "cpu":
-        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False)
+        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False, kv_dtype=kv_dtype)
         if reason is not None:
             raise ModelLoadError(f"attention_backend='cpu' for {spec.path}: {reason}")
         return AttentionChoice("cpu")
@@ -60,7 +66,7 @@ def attention_choice(spec: ModelSpec, device: torch.device, dtype: torch.dtype, 
     if spec.attention_backend == "flashinfer":
         raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}")
     if device.type == "cpu":
-        reason = cpu_paged.unsupported_reason(device, dtype)
+        reason = cpu_paged.unsupported_reason(device, dtype, kv_dtype=kv_dtype)
         if reason is None:
             return AttentionChoice("cpu")
     elif device.type != "cuda":

@@ -8,7 +8,7 @@ sums every query in one fixed order that depends only on that query's own keys (
 which), so a step's tokens are the same bits in any batch, any call width and any thread count.
 
 It reads the paged cache in place through the block tables (no gather of the context), computes
-in float32 from float32 or bf16 K/V, and splits work over (query, KV head) pairs. It is built
+in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV head) pairs. It is built
 for this CPU on first use (engine/native_build.py); where it cannot be, `attention_backend="auto"`
 runs torch's backend (torch_paged.py), and the load says why.
 """
@@ -27,7 +27,8 @@ from ..kv.cache import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 
 SOURCE = Path(__file__).with_name("paged_kernels.c")
-DTYPES = (torch.float32, torch.bfloat16)
+DTYPES = (torch.float32, torch.bfloat16)  # what q and the output may be
+KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V may be: the C file's KIND_*
 
 
 @dataclass(frozen=True)
@@ -42,13 +43,18 @@ def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
     return native_build.load(SOURCE, bind, home)
 
 
-def unsupported_reason(device: torch.device, dtype: torch.dtype, vectorized: bool = True) -> str | None:
-    """Why the kernel cannot serve (None: it can). `vectorized`: only with its AVX512 loops (what
-    `attention_backend="auto"` asks: its plain-C loops are slower than torch's SDPA)."""
+def unsupported_reason(
+    device: torch.device, dtype: torch.dtype, vectorized: bool = True, kv_dtype: torch.dtype | None = None
+) -> str | None:
+    """Why the kernel cannot serve activations of `dtype` over a KV cache of `kv_dtype` (None: it
+    can). `vectorized`: only with its AVX512 loops (what `attention_backend="auto"` asks: its
+    plain-C loops are slower than torch's SDPA)."""
     if device.type != "cpu":
         return f"the C attention kernel runs on CPU, not {device.type}"
     if dtype not in DTYPES:
         return f"the C attention kernel computes float32 or bfloat16, not {dtype}"
+    if (kv_dtype or dtype) not in KV_KINDS:
+        return f"the C attention kernel reads a float32, bfloat16 or float16 KV cache, not {kv_dtype}"
     kernel, why = load()
     if kernel is None:
         return why
@@ -64,7 +70,7 @@ def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
     fn.restype = i32
     fn.argtypes = [
         *(ptr, i64, i64, ptr, i32),  # q, its strides, out, bf16 activations
-        *(ptr, ptr, i32, i64),  # the K and V caches, bf16, their blocks
+        *(ptr, ptr, i32, i64),  # the K and V caches, their KV_KINDS value, their blocks
         *(i64, i32, i32, i32),  # tokens, heads, KV heads, head dim
         *(ptr, ptr, ptr, i64, i64, i32),  # token_row, token_keys, tables, rows, table width, block size
         *(i32, f32, i32),  # window, scale, threads
@@ -123,7 +129,7 @@ class CpuPagedAttention(AttentionBackend):
             int(q.dtype == torch.bfloat16),
             k_cache.data_ptr(),
             v_cache.data_ptr(),
-            int(k_cache.dtype == torch.bfloat16),
+            KV_KINDS[k_cache.dtype],
             self.cache.num_blocks,
             tokens,
             heads,

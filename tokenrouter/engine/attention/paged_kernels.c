@@ -14,7 +14,8 @@
  *
  * q [tokens, heads, head_dim] (strides given, the last dimension contiguous), K and V caches
  * [slots, kv_heads, head_dim] contiguous, slot = table[row][j / block_size] * block_size +
- * j % block_size; float32 or bf16 (bf16 computed in float32). A query attends to keys
+ * j % block_size. q and out float32 or bf16; K and V float32, bf16 or float16 (llama.cpp's KV type);
+ * every product and sum in float32. A query attends to keys
  * [lo, keys) of its row, lo = keys - window where a sliding window applies.
  */
 #include <math.h>
@@ -44,8 +45,18 @@ static inline uint16_t f32_to_bf16(float f) { /* round to nearest even, as torch
     return (uint16_t)(u >> 16);
 }
 
-static inline float load1(const void *p, int64_t i, int bf16) {
-    return bf16 ? bf16_to_f32(((const uint16_t *)p)[i]) : ((const float *)p)[i];
+static inline float f16_to_f32(uint16_t h) { /* exact: the value rebuilt from its fields */
+    const int e = (h >> 10) & 31, m = h & 1023;
+    const float v = e == 0 ? ldexpf((float)m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexpf((float)(m | 1024), e - 25);
+    return h >> 15 ? -v : v;
+}
+
+enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 }; /* how a tensor's values are stored */
+
+static inline float load1(const void *p, int64_t i, int kind) {
+    if (kind == KIND_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);
+    if (kind == KIND_F16) return f16_to_f32(((const uint16_t *)p)[i]);
+    return ((const float *)p)[i];
 }
 
 typedef struct {
@@ -54,7 +65,7 @@ typedef struct {
     int act_bf16;
     const void *k;
     const void *v;
-    int kv_bf16;
+    int kv_kind;
     int heads, kv_heads, dim;
     int64_t q_stride_t, q_stride_h;
     const int32_t *token_row, *token_keys, *tables;
@@ -64,12 +75,11 @@ typedef struct {
 } Problem;
 
 #ifdef __AVX512F__
-static inline __m512 load16(const void *p, int64_t i, int bf16, __mmask16 m) {
-    if (bf16) {
-        __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
-        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-    }
-    return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+static inline __m512 load16(const void *p, int64_t i, int kind, __mmask16 m) {
+    if (kind == KIND_F32) return _mm512_maskz_loadu_ps(m, (const float *)p + i);
+    const __m256i h = _mm256_maskz_loadu_epi16(m, (const uint16_t *)p + i);
+    if (kind == KIND_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
 static inline __m512 exp16(__m512 x) { /* Cephes' expf: range reduction by ln 2, degree-6 polynomial */
@@ -91,15 +101,15 @@ static inline __m512 exp16(__m512 x) { /* Cephes' expf: range reduction by ln 2,
 #define ALWAYS_INLINE static inline __attribute__((always_inline))
 
 /* Scores of keys [lo, n) for hb query heads (qh: hb vectors of d floats) into s (hb rows of
- * `width`). hb and bf16 are constants where it is inlined, so the accumulators stay in registers. */
-ALWAYS_INLINE void scores_of(const int hb, const int bf16, const void *k, const int64_t *slots, int64_t lo, int64_t n,
+ * `width`). hb and kind are constants where it is inlined, so the accumulators stay in registers. */
+ALWAYS_INLINE void scores_of(const int hb, const int kind, const void *k, const int64_t *slots, int64_t lo, int64_t n,
                              int d, const float *qh, float *s, int64_t width, float scale) {
     for (int64_t j = lo; j < n; j++) {
         __m512 acc[HEADS_AT_ONCE];
         for (int h = 0; h < hb; h++) acc[h] = _mm512_setzero_ps();
         for (int c = 0; c < d; c += LANES) {
             const __mmask16 m = d - c >= LANES ? 0xffff : (__mmask16)((1u << (d - c)) - 1);
-            const __m512 kc = load16(k, slots[j] * d + c, bf16, m);
+            const __m512 kc = load16(k, slots[j] * d + c, kind, m);
             for (int h = 0; h < hb; h++) acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + h * d + c), kc, acc[h]);
         }
         for (int h = 0; h < hb; h++) s[h * width + j] = _mm512_reduce_add_ps(acc[h]) * scale;
@@ -107,45 +117,43 @@ ALWAYS_INLINE void scores_of(const int hb, const int bf16, const void *k, const 
 }
 
 /* acc[h] = sum over keys [lo, n) of p[h][j] * v_j's 16 values from dimension c (mask m). */
-ALWAYS_INLINE void weighted_sum(const int hb, const int bf16, const void *v, const int64_t *slots, int64_t lo,
+ALWAYS_INLINE void weighted_sum(const int hb, const int kind, const void *v, const int64_t *slots, int64_t lo,
                                 int64_t n, int d, int c, __mmask16 m, const float *p, int64_t width, __m512 *acc) {
     for (int h = 0; h < hb; h++) acc[h] = _mm512_setzero_ps();
     for (int64_t j = lo; j < n; j++) {
-        const __m512 vc = load16(v, slots[j] * d + c, bf16, m);
+        const __m512 vc = load16(v, slots[j] * d + c, kind, m);
         for (int h = 0; h < hb; h++) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(p[h * width + j]), vc, acc[h]);
     }
 }
 
+#define BY_HEADS(call, KIND)                                                                                           \
+    switch (hb) {                                                                                                      \
+    case 1: call(1, KIND); break;                                                                                      \
+    case 2: call(2, KIND); break;                                                                                      \
+    case 3: call(3, KIND); break;                                                                                      \
+    case 4: call(4, KIND); break;                                                                                      \
+    case 5: call(5, KIND); break;                                                                                      \
+    case 6: call(6, KIND); break;                                                                                      \
+    case 7: call(7, KIND); break;                                                                                      \
+    default: call(8, KIND); break;                                                                                     \
+    }
 #define BY_CONSTANTS(call)                                                                                             \
-    switch (hb * 2 + bf16) {                                                                                           \
-    case 2: call(1, 0); break;                                                                                         \
-    case 3: call(1, 1); break;                                                                                         \
-    case 4: call(2, 0); break;                                                                                         \
-    case 5: call(2, 1); break;                                                                                         \
-    case 6: call(3, 0); break;                                                                                         \
-    case 7: call(3, 1); break;                                                                                         \
-    case 8: call(4, 0); break;                                                                                         \
-    case 9: call(4, 1); break;                                                                                         \
-    case 10: call(5, 0); break;                                                                                        \
-    case 11: call(5, 1); break;                                                                                        \
-    case 12: call(6, 0); break;                                                                                        \
-    case 13: call(6, 1); break;                                                                                        \
-    case 14: call(7, 0); break;                                                                                        \
-    case 15: call(7, 1); break;                                                                                        \
-    case 16: call(8, 0); break;                                                                                        \
-    default: call(8, 1); break;                                                                                        \
+    switch (kind) {                                                                                                    \
+    case KIND_F32: BY_HEADS(call, KIND_F32) break;                                                                     \
+    case KIND_BF16: BY_HEADS(call, KIND_BF16) break;                                                                   \
+    default: BY_HEADS(call, KIND_F16) break;                                                                           \
     }
 
-static void scores_any(int hb, int bf16, const void *k, const int64_t *slots, int64_t lo, int64_t n, int d,
+static void scores_any(int hb, int kind, const void *k, const int64_t *slots, int64_t lo, int64_t n, int d,
                        const float *qh, float *s, int64_t width, float scale) {
-#define SCORES(HB, BF16) scores_of(HB, BF16, k, slots, lo, n, d, qh, s, width, scale)
+#define SCORES(HB, KIND) scores_of(HB, KIND, k, slots, lo, n, d, qh, s, width, scale)
     BY_CONSTANTS(SCORES)
 #undef SCORES
 }
 
-static void weighted_sum_any(int hb, int bf16, const void *v, const int64_t *slots, int64_t lo, int64_t n, int d, int c,
+static void weighted_sum_any(int hb, int kind, const void *v, const int64_t *slots, int64_t lo, int64_t n, int d, int c,
                              __mmask16 m, const float *p, int64_t width, __m512 *acc) {
-#define SUM(HB, BF16) weighted_sum(HB, BF16, v, slots, lo, n, d, c, m, p, width, acc)
+#define SUM(HB, KIND) weighted_sum(HB, KIND, v, slots, lo, n, d, c, m, p, width, acc)
     BY_CONSTANTS(SUM)
 #undef SUM
 }
@@ -166,7 +174,7 @@ static int attend(const Problem *pr, int64_t t, int kvh, float *scores, int64_t 
     }
     for (int h = 0; h < g; h++) {
         const int64_t qi = t * pr->q_stride_t + (int64_t)(kvh * g + h) * pr->q_stride_h;
-        for (int c = 0; c < d; c++) qf[h * d + c] = load1(pr->q, qi + c, pr->act_bf16);
+        for (int c = 0; c < d; c++) qf[h * d + c] = load1(pr->q, qi + c, pr->act_bf16 ? KIND_BF16 : KIND_F32);
     }
     float sums[256];
     float *sum = g <= 256 ? sums : malloc(sizeof(float) * g);
@@ -174,7 +182,7 @@ static int attend(const Problem *pr, int64_t t, int kvh, float *scores, int64_t 
 #ifdef __AVX512F__
     for (int h0 = 0; h0 < g; h0 += HEADS_AT_ONCE) { /* scores */
         const int hb = g - h0 < HEADS_AT_ONCE ? g - h0 : HEADS_AT_ONCE;
-        scores_any(hb, pr->kv_bf16, pr->k, slots, lo, n, d, qf + h0 * d, scores + h0 * width, width, pr->scale);
+        scores_any(hb, pr->kv_kind, pr->k, slots, lo, n, d, qf + h0 * d, scores + h0 * width, width, pr->scale);
     }
     for (int h = 0; h < g; h++) { /* softmax: the max, then exp and the sum in lanes by key */
         float *s = scores + h * width;
@@ -198,7 +206,7 @@ static int attend(const Problem *pr, int64_t t, int kvh, float *scores, int64_t 
         for (int h0 = 0; h0 < g; h0 += HEADS_AT_ONCE) {
             const int hb = g - h0 < HEADS_AT_ONCE ? g - h0 : HEADS_AT_ONCE;
             __m512 acc[HEADS_AT_ONCE];
-            weighted_sum_any(hb, pr->kv_bf16, pr->v, slots, lo, n, d, c, m, scores + h0 * width, width, acc);
+            weighted_sum_any(hb, pr->kv_kind, pr->v, slots, lo, n, d, c, m, scores + h0 * width, width, acc);
             for (int h = 0; h < hb; h++) {
                 const __m512 o = _mm512_div_ps(acc[h], _mm512_set1_ps(sum[h0 + h]));
                 const int64_t oi = (t * pr->heads + kvh * g + h0 + h) * (int64_t)d + c;
@@ -219,7 +227,7 @@ static int attend(const Problem *pr, int64_t t, int kvh, float *scores, int64_t 
         float mx = -INFINITY;
         for (int64_t j = lo; j < n; j++) {
             float acc = 0.0f;
-            for (int c = 0; c < d; c++) acc += qf[h * d + c] * load1(pr->k, slots[j] * d + c, pr->kv_bf16);
+            for (int c = 0; c < d; c++) acc += qf[h * d + c] * load1(pr->k, slots[j] * d + c, pr->kv_kind);
             s[j] = acc * pr->scale;
             mx = s[j] > mx ? s[j] : mx;
         }
@@ -227,7 +235,7 @@ static int attend(const Problem *pr, int64_t t, int kvh, float *scores, int64_t 
         for (int64_t j = lo; j < n; j++) total += (s[j] = expf(s[j] - mx));
         for (int c = 0; c < d; c++) {
             float acc = 0.0f;
-            for (int64_t j = lo; j < n; j++) acc += s[j] * load1(pr->v, slots[j] * d + c, pr->kv_bf16);
+            for (int64_t j = lo; j < n; j++) acc += s[j] * load1(pr->v, slots[j] * d + c, pr->kv_kind);
             const float o = acc / total;
             const int64_t oi = (t * pr->heads + kvh * g + h) * (int64_t)d + c;
             if (pr->act_bf16) ((uint16_t *)pr->out)[oi] = f32_to_bf16(o);
@@ -253,9 +261,10 @@ int tr_attention_vectorized(void) {
  * Returns 0, or -1 on bad arguments (a row, key count or block id out of range: nothing is read
  * outside the cache) or memory. */
 int tr_paged_attention(const void *q, int64_t q_stride_t, int64_t q_stride_h, void *out, int act_bf16, const void *k,
-                       const void *v, int kv_bf16, int64_t cache_blocks, int64_t tokens, int heads, int kv_heads,
+                       const void *v, int kv_kind, int64_t cache_blocks, int64_t tokens, int heads, int kv_heads,
                        int dim, const int32_t *token_row, const int32_t *token_keys, const int32_t *tables,
                        int64_t rows, int64_t table_width, int block_size, int window, float scale, int threads) {
+    if (kv_kind < KIND_F32 || kv_kind > KIND_F16) return -1;
     if (tokens < 0 || heads <= 0 || kv_heads <= 0 || heads % kv_heads || dim <= 0 || block_size <= 0) return -1;
     int64_t most = 0;
     int64_t *need = calloc(rows > 0 ? (size_t)rows : 1, sizeof(int64_t)); /* each row's most keys */
@@ -277,7 +286,7 @@ int tr_paged_attention(const void *q, int64_t q_stride_t, int64_t q_stride_h, vo
                         .act_bf16 = act_bf16,
                         .k = k,
                         .v = v,
-                        .kv_bf16 = kv_bf16,
+                        .kv_kind = kv_kind,
                         .heads = heads,
                         .kv_heads = kv_heads,
                         .dim = dim,

@@ -124,6 +124,7 @@ class TorchPagedAttention(AttentionBackend):
             paged = (self.cache.num_blocks, self.cache.block_size, *k.shape[1:])
             kd = k_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *k.shape[1:]).transpose(1, 2)
             vd = v_cache.view(paged).index_select(0, blocks).view(bsz, max_ctx, *v.shape[1:]).transpose(1, 2)
+            kd, vd = kd.to(q.dtype), vd.to(q.dtype)  # a KV cache kept in another dtype than q's
             mask = meta.decode_mask
             if max_ctx != padded(max_ctx):  # a KV block size that is not a multiple of KEY_MULTIPLE
                 pad = padded(max_ctx) - max_ctx
@@ -140,6 +141,7 @@ class TorchPagedAttention(AttentionBackend):
             qb = q[short.q_index].transpose(1, 2)  # [R, H, T, D]
             kb = k_cache.index_select(0, short.slots).view(rows, width, *k.shape[1:]).transpose(1, 2)
             vb = v_cache.index_select(0, short.slots).view(rows, width, *v.shape[1:]).transpose(1, 2)
+            kb, vb = kb.to(q.dtype), vb.to(q.dtype)
             mask = short.causal if sliding_window is None else short.causal & (short.distance < sliding_window)
             ob = grouped_sdpa(qb, kb, vb, mask, scaling)
             out[short.q_index[short.valid]] = ob.transpose(1, 2)[short.valid]
@@ -147,12 +149,12 @@ class TorchPagedAttention(AttentionBackend):
             if short is not None and i in short.rows:
                 continue
             qs = q[start : start + q_len].transpose(0, 1).unsqueeze(0)
-            if slots is None:  # no cached prefix: the fresh K/V are the whole context
-                ks = k[start : start + q_len]
-                vs = v[start : start + q_len]
+            if slots is None:  # no cached prefix: the fresh K/V are the whole context, as the cache holds them
+                ks = k[start : start + q_len].to(k_cache.dtype).to(q.dtype)
+                vs = v[start : start + q_len].to(v_cache.dtype).to(q.dtype)
             else:
-                ks = k_cache.index_select(0, slots)
-                vs = v_cache.index_select(0, slots)
+                ks = k_cache.index_select(0, slots).to(q.dtype)
+                vs = v_cache.index_select(0, slots).to(q.dtype)
             pad = padded(ctx_len) - ctx_len
             ks = F.pad(ks, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)
             vs = F.pad(vs, (0, 0, 0, 0, 0, pad)).transpose(0, 1).unsqueeze(0)

@@ -43,8 +43,8 @@ class KVCache:
     def write(self, layer_idx: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
         """A step's new K/V of one layer into their slots; returns that layer's K and V tensors."""
         k_cache, v_cache = self.k[layer_idx], self.v[layer_idx]
-        k_cache.index_copy_(0, slots, k)
-        v_cache.index_copy_(0, slots, v)
+        k_cache.index_copy_(0, slots, k.to(k_cache.dtype))
+        v_cache.index_copy_(0, slots, v.to(v_cache.dtype))
         return k_cache, v_cache
 
     @staticmethod
