@@ -121,6 +121,10 @@ def test_gguf_modes_take_the_block_kernels_where_the_probe_picks_them(monkeypatc
                 spec = ModelSpec(path=path, quantization=quantization, dtype=dtype)
                 p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
                 assert p.gguf_blocks is want and ("block kernels" in p.reason) is want, (quantization, dtype)
+                # with no bf16 copies (asked for none; gguf+bf16 holds them here, crossing at 2
+                # rows) and the dtype left to it, float32 between the block kernels, KV float16
+                f32 = want and dtype == "auto" and quantization == "gguf"
+                assert (p.dtype, p.kv) == ((torch.float32, torch.float16) if f32 else (torch.bfloat16,) * 2)
 
 
 def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
@@ -173,6 +177,7 @@ def test_gguf_with_bf16_copies_holds_none_where_the_quantized_kernel_wins_at_eve
     p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
     assert (p.quantization, p.quantized_rows, p.gguf_blocks) == ("gguf", 0, True)
     assert f"every size up to {most} rows: no bf16 copies" in p.reason
+    assert (p.dtype, p.kv) == (torch.float32, torch.float16) and "float32 between them" in p.describe()
     monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (most // 2, blocks))
     p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
     assert (p.quantization, p.quantized_rows) == ("gguf+bf16", most // 2)

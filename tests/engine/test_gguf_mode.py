@@ -92,24 +92,27 @@ def _log_probs(model, prompt) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(
-    "arch, quantization, kernels",
+    "arch, quantization, kernels, dtype",
     [
-        ("qwen2", "gguf", "int4+int8+gguf-embedding"),
-        ("llama", "gguf", "int4+int8+gguf-embedding"),
-        ("qwen2", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding"),
-        ("llama", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding"),
-        ("qwen2", "gguf", "blocks+gguf-embedding"),
-        ("llama", "gguf", "blocks+gguf-embedding"),
-        ("qwen2", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding"),
-        ("llama", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding"),
+        ("qwen2", "gguf", "int4+int8+gguf-embedding", "bfloat16"),
+        ("llama", "gguf", "int4+int8+gguf-embedding", "bfloat16"),
+        ("qwen2", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding", "bfloat16"),
+        ("llama", "gguf+bf16", "int4+int8+bf16-by-rows+gguf-embedding", "bfloat16"),
+        ("qwen2", "gguf", "blocks+gguf-embedding", "bfloat16"),
+        ("llama", "gguf", "blocks+gguf-embedding", "bfloat16"),
+        ("qwen2", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding", "bfloat16"),
+        ("llama", "gguf+bf16", "blocks+bf16-by-rows+gguf-embedding", "bfloat16"),
+        ("qwen2", "gguf", "blocks+gguf-embedding", "float32"),
+        ("llama", "gguf", "blocks+gguf-embedding", "float32"),
     ],
 )
 def test_the_gguf_engine_computes_the_checkpoints_own_weights(
-    tmp_path, tokenizer, monkeypatch, arch, quantization, kernels
+    tmp_path, tokenizer, monkeypatch, arch, quantization, kernels, dtype
 ):
     """Under gguf+bf16 the prompt (40 rows) runs on the bf16 copies and the decode on the
     quantized kernels: both must hold the GGUF's weights. The quantized kernels are torch's
-    (int4, int8) or the GGUF block kernels, whichever the case names (the probe's pick forced)."""
+    (int4, int8) or the GGUF block kernels, whichever the case names (the probe's pick forced);
+    in float32 the block kernels compute between float32 activations over a float16 KV cache."""
     from transformers import AutoModelForCausalLM
 
     from tokenrouter.engine.model.linear import gguf_native, probe
@@ -128,13 +131,14 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(
     prompt = [(7 * i + 3) % 300 + 3 for i in range(40)]
 
     async def main():
-        spec = ModelSpec(path=path, dtype="bfloat16", quantization=quantization, kv_cache_tokens=256)
+        spec = ModelSpec(path=path, dtype=dtype, quantization=quantization, kv_cache_tokens=256)
         async with Engine(models={"m": spec}, num_threads=1) as e:
             out = await e.generate(prompt, SamplingParams(max_tokens=4, prompt_logprobs=0, temperature=0))
             return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), e.loaded["m"]
 
     got, loaded = anyio.run(main)
-    assert loaded.dtype == torch.bfloat16
+    assert loaded.dtype == getattr(torch, dtype)
+    assert loaded.kv == (torch.float16 if dtype == "float32" else torch.bfloat16)
     assert loaded.linear_kernel == kernels, loaded.linear_kernel
     kinds = {type(m).__name__ for m in loaded.model.modules()}
     want_kinds = {"GGUFBlockLinear"} if blocks else {"Int4Linear", "Int8WeightLinear"}
@@ -175,11 +179,13 @@ def test_gguf_mode_needs_a_gguf_and_cpu(tmp_path, tokenizer):
             pass
 
     # also with dtype auto, which (the suite's probe answering "no native bf16") falls back to float32
-    for dtype in ("bfloat16", "auto"):
+    for dtype in ("bfloat16", "float32", "auto"):
         with pytest.raises(ModelLoadError, match="quantization='gguf'.*no GGUF file"):
             anyio.run(main, dtype)
-    with pytest.raises(ValidationError, match="quantization='gguf' runs on device 'cpu' with dtype auto or bfloat16"):
-        ModelSpec(path=path, quantization="gguf", dtype="float32")
+    with pytest.raises(ValidationError, match="quantization='gguf' runs on .* dtype auto, bfloat16, float32, not"):
+        ModelSpec(path=path, quantization="gguf", dtype="float16")
+    with pytest.raises(ValidationError, match="quantization='gguf\\+bf16' runs on .* dtype auto, bfloat16, not"):
+        ModelSpec(path=path, quantization="gguf+bf16", dtype="float32")
 
 
 def test_the_bf16_copy_is_the_layer_itself_only_where_it_holds_the_ggufs_weights():

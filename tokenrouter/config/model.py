@@ -144,8 +144,11 @@ class ModelSpec(BaseModel):
     quantization: Literal["gguf", "gguf+bf16", "int8"] | None = Field(
         None,
         description="'gguf': the weights as the model's GGUF checkpoint holds them (a .gguf path, or a store "
-        "model, whose GGUF the store keeps): Q4_K tensors 4-bit, other quantized ones int8, computed in bfloat16 "
-        "on CPU; where bfloat16 is not faster on this CPU, float32 weights instead (engine/model/precision.py). "
+        "model, whose GGUF the store keeps). Where the GGUF block kernels run fast (AVX512 VNNI), each quantized "
+        "tensor is computed from its own blocks as llama.cpp does, with float32 activations and a float16 KV "
+        "cache between them (dtype 'auto' or 'float32'; 'bfloat16' keeps bf16 activations); elsewhere Q4_K "
+        "tensors 4-bit and other quantized ones int8 in torch's kernels, computed in bfloat16. Where bfloat16 is "
+        "not faster on this CPU, dtype 'auto' falls back to float32 weights (engine/model/precision.py). "
         "'gguf+bf16': the same for steps of few rows, and dense bf16 copies of the weights for steps of many "
         "(prefill, big batches), up to the rows a probe measured (engine/model/linear/by_rows.py): faster, "
         "and the bf16 weights' memory on top. "
@@ -228,11 +231,14 @@ class ModelSpec(BaseModel):
     def _one_budget(self) -> ModelSpec:
         if self.kv_cache_tokens is not None and self.kv_cache_bytes is not None:
             raise ValueError("give kv_cache_tokens or kv_cache_bytes, not both")
-        dtypes = {"int8": ("auto", "float32"), "gguf": ("auto", "bfloat16"), "gguf+bf16": ("auto", "bfloat16")}
-        dtypes = dtypes.get(self.quantization)
+        dtypes = {
+            "int8": ("auto", "float32"),
+            "gguf": ("auto", "bfloat16", "float32"),
+            "gguf+bf16": ("auto", "bfloat16"),
+        }.get(self.quantization)
         if dtypes is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in dtypes):
             raise ValueError(
-                f"quantization={self.quantization!r} runs on device 'cpu' with dtype {' or '.join(dtypes)}, "
+                f"quantization={self.quantization!r} runs on device 'cpu' with dtype {', '.join(dtypes)}, "
                 f"not device={self.device!r} with dtype={self.dtype!r}"
             )
         return self

@@ -57,7 +57,7 @@ def build_runtime(
 ) -> Runtime:
     """Size the KV pool from the spec's budget, choose the attention backend, and make the runner
     (with CUDA graphs of decode steps where flashinfer serves)."""
-    layout = KVLayout.from_config(loaded.model.config, loaded.dtype)
+    layout = KVLayout.from_config(loaded.model.config, loaded.kv)
     tokens = spec.kv_cache_tokens
     if tokens is None and spec.kv_cache_bytes is None:
         tokens = DEFAULT_KV_CACHE_TOKENS
@@ -67,7 +67,7 @@ def build_runtime(
             f"model {name!r}: the KV budget is smaller than one block of {spec.block_size} tokens "
             f"({spec.block_size * layout.bytes_per_token} bytes)"
         )
-    choice = attention_choice(spec, loaded.device, loaded.dtype, layout.head_dim)
+    choice = attention_choice(spec, loaded.device, loaded.dtype, layout.head_dim, loaded.kv)
     # flashinfer's self-test, and CUDA graphs' padded rows, write one extra block, no request's
     scratch = 1 if choice.name == "flashinfer" else 0
     cache = KVCache(layout, num_blocks + scratch, spec.block_size, loaded.device)

@@ -42,6 +42,11 @@ class LoadedModel:
     # for a dynamic-int8 drafter, "int4+int8+onednn+gguf-embedding" from a GGUF's blocks, "torch" otherwise
     linear_kernel: str = "torch"
     precision: str = ""  # what it computes in, and why (engine/model/precision.py)
+    kv_dtype: torch.dtype | None = None  # what its KV cache holds (None: `dtype`)
+
+    @property
+    def kv(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
 
 def locate_checkpoint(path: Path) -> tuple[Path, str | None]:
@@ -132,6 +137,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
         eos_token_ids=_eos_ids(model, tokenizer),
         linear_kernel=linear_kernel,
         precision=precision.describe(),
+        kv_dtype=precision.kv,
     )
 
 

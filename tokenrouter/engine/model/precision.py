@@ -6,14 +6,17 @@
   measured (`linear/probe.py`).
 - `quantization="gguf"` computes a GGUF checkpoint's quantized tensors from the file's own blocks
   (the GGUF block kernels, where a probe measures them faster than torch's) or as torch's 4-bit
-  and int8 kernels (`linear/kernels.py`); both take bfloat16 in and out, so it computes in bf16.
-  Where bf16 is not the faster dtype (no native bf16 on this CPU) it falls back to float32 with
-  the weights dequantized, and says why: nothing gets slower than float32 would be.
+  and int8 kernels (`linear/kernels.py`). The block kernels round x to int8 themselves and take
+  float32 as fast as bf16, so around them the model computes in float32 over a float16 KV cache,
+  as llama.cpp does (`float32_blocks`; `dtype="bfloat16"` keeps bf16); torch's kernels take
+  bfloat16, so around them it computes in bf16. Where bf16 is not the faster dtype (no native
+  bf16 on this CPU) `dtype="auto"` falls back to float32 with the weights dequantized, and says
+  why: nothing gets slower than float32 would be.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
   takes the quantized ones up to the rows where a probe found them faster (`linear/by_rows.py`);
   where the probe found them faster at every size it measures (the GGUF block kernels on an
-  AVX512 VNNI CPU), the bf16 copies would compute nothing faster, and it runs as `gguf`. It
-  falls back to float32 as `gguf` does.
+  AVX512 VNNI CPU), the bf16 copies would compute nothing faster, and it runs as `gguf` (float32
+  activations around the block kernels). It falls back to float32 as `gguf` does.
 - `quantization="int8"` (a drafter's dynamic int8) computes in float32, as its kernels need.
 """
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ...config import ModelSpec
-from .linear import probe
+from .linear import gguf_native, probe
 
 log = logging.getLogger(__name__)
 
@@ -44,10 +47,16 @@ class Precision:
     reason: str  # one line: what was chosen and why
     quantized_rows: int = 0  # gguf+bf16: calls of up to this many rows use the quantized weights
     gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (linear/gguf_kernels.c) serve what they take
+    kv_dtype: torch.dtype | None = None  # what the KV cache holds, where not `dtype`
+
+    @property
+    def kv(self) -> torch.dtype:
+        return self.kv_dtype or self.dtype
 
     def describe(self) -> str:
         name = str(self.dtype).removeprefix("torch.")
-        return f"{name}{' + ' + self.quantization if self.quantization else ''} ({self.reason})"
+        kv = f", KV {_name(self.kv)}" if self.kv != self.dtype else ""
+        return f"{name}{' + ' + self.quantization if self.quantization else ''}{kv} ({self.reason})"
 
 
 def stored_dtype(config) -> torch.dtype | None:
@@ -94,6 +103,12 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     if quantization == "int8":
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
     gguf = quantization in ("gguf", "gguf+bf16")
+    if quantization == "gguf" and spec.dtype == "float32":
+        lib, missing = gguf_native.load()
+        if lib is None or not lib.fast:
+            missing = missing or "they have no fast path on this CPU (AVX512 VNNI)"
+            return Precision(torch.float32, None, f"float32 weights: the GGUF block kernels are not here: {missing}")
+        return float32_blocks("float32 as asked")
     if spec.dtype != "auto" and not (gguf and spec.dtype == "bfloat16"):
         return Precision(DTYPES[spec.dtype], quantization, "as asked")
     threads = threads or torch.get_num_threads()
@@ -111,15 +126,23 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     rows, timings = probe.quantized_rows(shapes[0], threads)  # which quantized kernel, and up to what rows
     blocks = probe.few_kernel(timings) == "blocks"
     kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
-    if quantization == "gguf":
-        why = f"{kernel} for the quantized layers, bf16 between them; {reason}"
-        return Precision(torch.bfloat16, "gguf", why, gguf_blocks=blocks)
-    if rows >= max(probe.QUANTIZED_ROWS):  # bf16 copies would compute nothing faster: not held
-        most = max(probe.QUANTIZED_ROWS)
-        why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies; {reason}"
-        return Precision(torch.bfloat16, "gguf", why, gguf_blocks=blocks)
+    most = max(probe.QUANTIZED_ROWS)
+    if quantization == "gguf" or rows >= most:  # no bf16 copies: asked, or they would compute nothing faster
+        why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies"
+        why = why if quantization == "gguf+bf16" else f"{kernel} for the quantized layers"
+        if blocks and spec.dtype == "auto":  # they take float32 x as fast: nothing between them in bf16
+            return float32_blocks(why)
+        return Precision(torch.bfloat16, "gguf", f"{why}; bf16 between them; {reason}", gguf_blocks=blocks)
     why = f"{kernel} up to {rows} rows, measured faster than bf16 there; {reason}"
     return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows, gguf_blocks=blocks)
+
+
+def float32_blocks(why: str) -> Precision:
+    """The GGUF block kernels for the quantized layers, float32 activations between them and a
+    float16 KV cache, as llama.cpp computes: the kernels round x to int8 per block whatever dtype
+    it comes in, and are as fast from float32, while a residual stream and KV rounded to bf16 cost
+    the 0.5B 3 HumanEval points (docs/evaluation.md). Needs no bf16 at all."""
+    return Precision(torch.float32, "gguf", f"{why}; float32 between them", gguf_blocks=True, kv_dtype=torch.float16)
 
 
 def meta_model(config) -> torch.nn.Module:

@@ -74,7 +74,7 @@ def prepare_linears(
         path = kernel_cache.cache_path(gguf.path) if lib is None else None
         cached = kernel_cache.read(path) if path is not None else None
         built: dict[str, torch.Tensor] = {}
-        kinds = from_gguf(model, gguf, packing, many_rows_after, cached, built, lib)
+        kinds = from_gguf(model, gguf, packing, many_rows_after, cached, built, lib, precision.dtype)
         if path is not None and cached is None and built:
             kernel_cache.write(path, built)
         return kinds
@@ -96,6 +96,7 @@ def from_gguf(
     cached: dict[str, torch.Tensor] | None = None,
     built: dict[str, torch.Tensor] | None = None,
     blocks: gguf_native.Library | None = None,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> str:
     """Every linear layer and the embedding from the GGUF's tensors, as `gguf_sourced` said. With
     `many_rows_after` (quantization "gguf+bf16"), each layer also holds its tensor dequantized to
@@ -117,7 +118,7 @@ def from_gguf(
         parent = model.get_submodule(owner)
         if module is embed:
             if not tied(model):
-                setattr(parent, leaf, GGUFEmbedding(t, torch.bfloat16, module.padding_idx))
+                setattr(parent, leaf, GGUFEmbedding(t, dtype, module.padding_idx))
                 kinds.add("gguf-embedding")
             continue
         if blocks is not None and gguf_blocks.fits(t.kind, t.cols):
@@ -132,7 +133,7 @@ def from_gguf(
         setattr(parent, leaf, few)
         del module
         heap.trim(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
-    if onednn_ok and onednn.pack_linears(model, (torch.bfloat16,)):
+    if onednn_ok and onednn.pack_linears(model, (dtype,)):
         kinds.add("onednn")
     order = ["blocks", "int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
     return "+".join(k for k in order if k in kinds) or "torch"
