@@ -64,20 +64,36 @@ def test_a_simulated_cpu_without_native_bf16_keeps_float32(monkeypatch):
     monkeypatch.setenv(probe.SIMULATE_ENV, "no-native-bf16")
     timings = probe.measure([(64, 64)], threads=1, repeats=1)
     assert probe.choose(timings)[0] == "float32"
+    rows = {"bfloat16": {1: 1.0}, "float32": {1: 2.0}, "blocks": {1: 0.5}}  # the rows probe: bf16 dense only
+    assert probe.simulated(rows) == {**rows, "bfloat16": {1: probe.SLOW_BF16}}
 
 
 def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_path):
-    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(SLOW), SLOW, "x"))
-    path = build_tiny_model(tmp_path / "m", "qwen2")
+    """Without fast bf16: the GGUF block kernels in float32 where the rows probe measured them
+    faster than float32 dense at every size, else float32 weights; with it, the probe's kernels."""
     from transformers import AutoConfig
 
-    spec = ModelSpec(path=path, quantization="gguf")
-    p = precision.resolve_precision(spec, AutoConfig.from_pretrained(path), torch.device("cpu"), 1)
-    assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(SLOW), SLOW, "x"))
+    path = build_tiny_model(tmp_path / "m", "qwen2")
+    config = AutoConfig.from_pretrained(path)
+    f32 = dict.fromkeys(probe.QUANTIZED_ROWS, 2.0)
+    faster = {**ROWS_MEASURED, "float32": f32, "blocks": dict.fromkeys(probe.QUANTIZED_ROWS, 1.0)}
+    slower_at_most = {**faster, "blocks": {**faster["blocks"], 128: 2.5}}
+    for quantization in ("gguf", "gguf+bf16"):
+        spec = ModelSpec(path=path, quantization=quantization)
+        for timings in ({**ROWS_MEASURED, "float32": f32}, slower_at_most):  # no block kernels; slower at 128 rows
+            monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, t=timings: (0, t))
+            p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+            assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
+        monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (0, faster))
+        p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+        assert (p.dtype, p.kv, p.quantization, p.gguf_blocks) == (torch.float32, torch.float16, "gguf", True)
+        assert "faster than float32 at every size up to 128 rows" in p.reason, p.reason
     fast = probe.PrecisionChoice(*probe.choose(FAST), FAST, "x")
     monkeypatch.setattr(probe, "precision_for", lambda *a, **k: fast)
-    p = precision.resolve_precision(spec, AutoConfig.from_pretrained(path), torch.device("cpu"), 1)
-    assert p.dtype == torch.bfloat16 and p.quantization == "gguf"
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (2, ROWS_MEASURED))
+    p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+    assert p.dtype == torch.bfloat16 and p.quantization == "gguf+bf16" and not p.gguf_blocks
 
 
 ROWS_MEASURED = {  # probe.measure_quantized on the demo 1.5B's largest layer, 2 threads, this machine
@@ -140,7 +156,7 @@ def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2 and len(calls) == 1
     assert list((tmp_path / "probes").glob("rows-*.json"))
     timings = real((64, 64), threads=1, repeats=1)  # the real measurement runs
-    assert {"int4", "bfloat16"} <= set(timings) <= {"int4", "bfloat16", "blocks"}
+    assert {"int4", "bfloat16", "float32"} <= set(timings) <= {"int4", "bfloat16", "float32", "blocks"}
     assert set(timings["int4"]) == set(probe.QUANTIZED_ROWS)
 
 

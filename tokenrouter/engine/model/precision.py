@@ -10,8 +10,9 @@
   float32 as fast as bf16, so around them the model computes in float32 over a float16 KV cache,
   as llama.cpp does (`float32_blocks`; `dtype="bfloat16"` keeps bf16); torch's kernels take
   bfloat16, so around them it computes in bf16. Where bf16 is not the faster dtype (no native
-  bf16 on this CPU) `dtype="auto"` falls back to float32 with the weights dequantized, and says
-  why: nothing gets slower than float32 would be.
+  bf16 on this CPU) `dtype="auto"` takes the block kernels in float32 where a probe measured them
+  faster than float32 dense at every size, and otherwise falls back to float32 with the weights
+  dequantized, and says why: nothing gets slower than float32 would be.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
   takes the quantized ones up to the rows where a probe found them faster (`linear/by_rows.py`);
   where the probe found them faster at every size it measures (the GGUF block kernels on an
@@ -116,10 +117,15 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     if spec.dtype == "auto":
         choice = probe.precision_for(shapes, threads)
         if not gguf or choice.dtype != "bfloat16":
-            if gguf:
-                why = f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
-                return Precision(torch.float32, None, why)
-            return Precision(choice.torch_dtype, None, choice.reason)
+            if not gguf:
+                return Precision(choice.torch_dtype, None, choice.reason)
+            timings = probe.quantized_rows(shapes[0], threads)[1]
+            if probe.blocks_beat_float32(timings):  # no bf16 needed: x reaches them in float32
+                most = max(probe.QUANTIZED_ROWS)
+                why = f"the GGUF block kernels measured faster than float32 at every size up to {most} rows"
+                return float32_blocks(f"{why}; {choice.reason}")
+            why = f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
+            return Precision(torch.float32, None, why)
         reason = choice.reason
     else:
         reason = "bfloat16 as asked"

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
-PROBE_VERSION = 5  # 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes
+PROBE_VERSION = 6  # 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes; 6: float32
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -97,9 +97,15 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
                 del packed
     finally:
         torch.set_num_threads(before)
+    return simulated(out)
+
+
+def simulated(timings: dict) -> dict:
+    """The timings as a CPU without native bf16 would give them, where SIMULATE_ENV asks: bf16
+    dense SLOW_BF16 times slower (the quantized kernels' own conversions of x are not bf16 math)."""
     if os.environ.get(SIMULATE_ENV) == "no-native-bf16":
-        out["bfloat16"] = {rows: SLOW_BF16 * v for rows, v in out["bfloat16"].items()}
-    return out
+        return {**timings, "bfloat16": {rows: SLOW_BF16 * v for rows, v in timings["bfloat16"].items()}}
+    return timings
 
 
 QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -108,7 +114,8 @@ WORKING_SET_BYTES = 256 << 20  # more than any CPU's last-level cache here (this
 
 def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) -> dict:
     """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a warm-up),
-    on one shape: torch's 4-bit kernel ("int4"), oneDNN's packed bf16 linear ("bfloat16") and,
+    on one shape: torch's 4-bit kernel ("int4"), oneDNN's packed bf16 and float32 linears
+    ("bfloat16", "float32": what the quantized kernels replace, with and without fast bf16) and,
     where they built with their fast path, the GGUF block kernels on Q4_K blocks ("blocks").
 
     Each kernel cycles through copies of its weight that together outsize the CPU's caches, as a
@@ -127,10 +134,16 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(*shape, generator=gen) * 0.02
         copies = lambda bits: min(64, max(2, -(-WORKING_SET_BYTES * 8 // (bits * w.numel()))))  # noqa: E731
-        packed = [torch.ops.mkldnn._reorder_linear_weight(w.to(torch.bfloat16)) for _ in range(copies(16))]
+        dense = lambda dtype, bits: [  # noqa: E731
+            lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w.to(dtype)): torch.ops.mkldnn._linear_pointwise(
+                x.to(dtype), p, None, "none", [], ""
+            )
+            for _ in range(copies(bits))
+        ]
         kernels = {
             "int4": [Int4Linear.from_dense(w) for _ in range(copies(4))],
-            "bfloat16": [lambda x, p=p: torch.ops.mkldnn._linear_pointwise(x, p, None, "none", [], "") for p in packed],
+            "bfloat16": dense(torch.bfloat16, 16),
+            "float32": dense(torch.float32, 32),
         }
         lib, _ = gguf_native.load()
         kind = "Q4_K" if shape[1] % 256 == 0 else "Q8_0"
@@ -154,7 +167,7 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
                     out[name][rows] = min(ms, out[name].get(rows, ms))
     finally:
         torch.set_num_threads(before)
-    return out
+    return simulated(out)
 
 
 def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
@@ -175,6 +188,13 @@ def few_kernel(timings: dict) -> str:
     blocks, int4 = timings.get("blocks"), timings["int4"]
     one = lambda t: t.get(1, t.get("1"))  # noqa: E731 (keys are strings once cached)
     return "blocks" if blocks and one(blocks) <= one(int4) else "int4"
+
+
+def blocks_beat_float32(timings: dict) -> bool:
+    """Whether the GGUF block kernels were measured faster than float32 dense at every size: a CPU
+    without fast bf16 then computes a GGUF's layers on them (in float32) rather than dequantized."""
+    blocks, f32 = timings.get("blocks"), timings.get("float32")
+    return bool(blocks and f32) and all(blocks[r] < f32[r] for r in f32)
 
 
 def crossover(timings: dict) -> int:
@@ -200,6 +220,7 @@ def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None
         "threads": threads,
         "shape": list(shape),
         "blocks": _blocks_built(),
+        "simulate": os.environ.get(SIMULATE_ENV),
     }
     path = probe_path(probe_key(info), home).with_name(f"rows-{probe_key(info)}.json")
     try:
