@@ -63,7 +63,11 @@ def filled_cache(layout: KVLayout, blocks: int, gen: torch.Generator) -> KVCache
 
 
 # (activations, KV cache): as a model computes, and float32 over llama.cpp's float16 KV
-DTYPES = [(torch.float32, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.float32, torch.float16)]
+DTYPES = [
+    pytest.param(torch.float32, torch.float32, id="float32"),
+    pytest.param(torch.bfloat16, torch.bfloat16, id="bfloat16"),
+    pytest.param(torch.float32, torch.float16, id="float32-kv-float16"),
+]
 
 
 @pytest.mark.parametrize("dtype, kv_dtype", DTYPES)

@@ -178,13 +178,13 @@ def test_gguf_mode_needs_a_gguf_and_cpu(tmp_path, tokenizer):
         async with Engine(models={"m": ModelSpec(path=path, dtype=dtype, quantization="gguf")}):
             pass
 
-    # also with dtype auto, which (the suite's probe answering "no native bf16") falls back to float32
+    # the GGUF is looked for first, whatever the dtype resolves to
     for dtype in ("bfloat16", "float32", "auto"):
         with pytest.raises(ModelLoadError, match="quantization='gguf'.*no GGUF file"):
             anyio.run(main, dtype)
-    with pytest.raises(ValidationError, match="quantization='gguf' runs on .* dtype auto, bfloat16, float32, not"):
+    with pytest.raises(ValidationError, match="quantization='gguf' runs on .* dtype auto, bfloat16 or float32, not"):
         ModelSpec(path=path, quantization="gguf", dtype="float16")
-    with pytest.raises(ValidationError, match="quantization='gguf\\+bf16' runs on .* dtype auto, bfloat16, not"):
+    with pytest.raises(ValidationError, match="quantization='gguf\\+bf16' runs on .* dtype auto or bfloat16, not"):
         ModelSpec(path=path, quantization="gguf+bf16", dtype="float32")
 
 

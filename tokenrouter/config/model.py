@@ -238,7 +238,8 @@ class ModelSpec(BaseModel):
         }.get(self.quantization)
         if dtypes is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in dtypes):
             raise ValueError(
-                f"quantization={self.quantization!r} runs on device 'cpu' with dtype {', '.join(dtypes)}, "
+                f"quantization={self.quantization!r} runs on device 'cpu' with dtype "
+                f"{', '.join(dtypes[:-1])} or {dtypes[-1]}, "
                 f"not device={self.device!r} with dtype={self.dtype!r}"
             )
         return self
