@@ -166,8 +166,9 @@ def spec_in_precision(path, precision: str = "auto", **fields) -> ModelSpec:
 def fastest_spec(path, **fields) -> ModelSpec:
     """The spec a caller who asked for nothing in particular gets: on CPU, a store model keeps its
     GGUF's own quantized weights for steps of few rows and bf16 copies for the others
-    (`quantization="gguf+bf16"`: 4-bit where the checkpoint is Q4_K; float32 where the CPU has no
-    fast bf16); anything else computes in the dtype the probe picks (`dtype="auto"`)."""
+    (`quantization="gguf+bf16"`: 4-bit where the checkpoint is Q4_K; float32 weights where the CPU
+    has no fast bf16 and the GGUF block kernels do not win); anything else computes in the dtype
+    the probe picks (`dtype="auto"`)."""
     from .. import store
 
     spec = ModelSpec(path=path, **fields)
