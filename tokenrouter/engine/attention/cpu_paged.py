@@ -8,9 +8,9 @@ sums every query in one fixed order that depends only on that query's own keys (
 which), so a step's tokens are the same bits in any batch, any call width and any thread count.
 
 It reads the paged cache in place through the block tables (no gather of the context), computes
-in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV head) pairs. It is built
-for this CPU on first use (engine/native_build.py); where it cannot be, `attention_backend="auto"`
-runs torch's backend (torch_paged.py), and the load says why.
+in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV
+head) pairs. It is built for this CPU on first use (engine/native_build.py); where it cannot be,
+`attention_backend="auto"` runs torch's backend (torch_paged.py), and the load says why.
 """
 
 from __future__ import annotations

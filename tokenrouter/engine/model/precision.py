@@ -134,8 +134,10 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
     kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
     most = max(probe.QUANTIZED_ROWS)
     if quantization == "gguf" or rows >= most:  # no bf16 copies: asked, or they would compute nothing faster
-        why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies"
-        why = why if quantization == "gguf+bf16" else f"{kernel} for the quantized layers"
+        if quantization == "gguf":
+            why = f"{kernel} for the quantized layers"
+        else:
+            why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies"
         if blocks and spec.dtype == "auto":  # they take float32 x as fast: nothing between them in bf16
             return float32_blocks(why)
         return Precision(torch.bfloat16, "gguf", f"{why}; bf16 between them; {reason}", gguf_blocks=blocks)

@@ -134,16 +134,10 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(*shape, generator=gen) * 0.02
         copies = lambda bits: min(64, max(2, -(-WORKING_SET_BYTES * 8 // (bits * w.numel()))))  # noqa: E731
-        dense = lambda dtype, bits: [  # noqa: E731
-            lambda x, p=torch.ops.mkldnn._reorder_linear_weight(w.to(dtype)): torch.ops.mkldnn._linear_pointwise(
-                x.to(dtype), p, None, "none", [], ""
-            )
-            for _ in range(copies(bits))
-        ]
         kernels = {
             "int4": [Int4Linear.from_dense(w) for _ in range(copies(4))],
-            "bfloat16": dense(torch.bfloat16, 16),
-            "float32": dense(torch.float32, 32),
+            "bfloat16": [packed_dense(w, torch.bfloat16) for _ in range(copies(16))],
+            "float32": [packed_dense(w, torch.float32) for _ in range(copies(32))],
         }
         lib, _ = gguf_native.load()
         kind = "Q4_K" if shape[1] % 256 == 0 else "Q8_0"
@@ -168,6 +162,12 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
     finally:
         torch.set_num_threads(before)
     return simulated(out)
+
+
+def packed_dense(w: torch.Tensor, dtype: torch.dtype):
+    """A call of oneDNN's linear on `w` in `dtype`, packed as the engine packs it (x cast to `dtype`)."""
+    packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype))
+    return lambda x: torch.ops.mkldnn._linear_pointwise(x.to(dtype), packed, None, "none", [], "")
 
 
 def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
