@@ -4,7 +4,8 @@ Blocks of random bytes are valid blocks of each type (every bit pattern decodes)
 exercise every code, scale and high bit. Tolerances:
 - the plain-C dot products equal a float64 emulation of llama.cpp's arithmetic (x rounded to
   int8 per block of 256 or 32 with scale max|x| / 127, times gguf's dequantized weights) to
-  within 1e-5 relative: only float32 summation order differs;
+  within 1e-5 relative: only float32 summation order differs (Q4_1's and Q5_1's too: m times
+  x's scale times the sum of x's codes, their min term, is m's share of that product);
 - the AVX512 VNNI path, on the blocks repacked 16 rows at a time, equals the plain one to within
   1e-5 relative (measured: 2-4e-7);
 - both are within 2% (relative, Frobenius) of x times the dequantized weight in float32: the
@@ -20,8 +21,6 @@ import torch
 from tokenrouter.engine.model.linear import gguf_native
 from tokenrouter.engine.model.linear.gguf_blocks import GGUFBlockLinear, fits
 
-D_OFFSET = {"Q4_K": [0, 2], "Q6_K": [208], "Q5_0": [0], "Q8_0": [0]}  # where each block's fp16 scales sit
-
 
 @pytest.fixture(scope="module")
 def lib():
@@ -35,7 +34,7 @@ def random_blocks(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
     values, size = gguf_native.BLOCKS[kind]
     gen = torch.Generator().manual_seed(seed)
     b = torch.randint(0, 256, (n, k // values, size), dtype=torch.uint8, generator=gen)
-    for at in D_OFFSET[kind]:
+    for at in gguf_native.SCALES[kind]:  # each block's fp16 scales
         scale = (torch.rand(n, k // values, generator=gen) * 2e-3 + 1e-4).to(torch.float16)
         b[..., at : at + 2] = scale.view(torch.uint8).view(n, k // values, 2)
     return b.reshape(n, -1)
@@ -58,7 +57,7 @@ def llama_cpp_arithmetic(x: torch.Tensor, w: torch.Tensor, block: int) -> torch.
     return (q * scale).reshape(m, k) @ w.double().t()
 
 
-@pytest.mark.parametrize("kind", ["Q4_K", "Q6_K", "Q5_0", "Q8_0"])
+@pytest.mark.parametrize("kind", list(gguf_native.TYPES))
 @pytest.mark.parametrize("rows", [1, 2, 7, 13])
 def test_the_block_kernels_compute_llama_cpps_arithmetic(lib, kind, rows):
     n, k = 37, 512  # 37 rows of W: not a whole number of the kernel's chunks of 16
@@ -94,7 +93,8 @@ def test_a_block_layer_takes_bf16_and_float32_inputs_of_any_leading_shape(lib):
 
 
 def test_a_block_layer_refuses_what_the_kernels_cannot_take(lib):
-    assert fits("Q4_K", 512) and not fits("Q4_K", 320) and fits("Q8_0", 320) and not fits("Q4_1", 256)
+    assert fits("Q4_K", 512) and not fits("Q4_K", 320) and fits("Q8_0", 320) and not fits("Q3_K", 256)
+    assert fits("Q5_K", 512) and not fits("Q5_K", 320) and fits("Q4_0", 320) and fits("Q4_1", 320)
     with pytest.raises(ValueError, match="Q4_K x 320"):
         GGUFBlockLinear(lib, "Q4_K", torch.zeros(4, 180, dtype=torch.uint8), (4, 320))
     with pytest.raises(ValueError, match="blocks of a 4x256 weight"):

@@ -1,5 +1,5 @@
-"""A linear layer computed straight from its GGUF tensor's blocks (`gguf_native.py`): Q4_K, Q6_K,
-Q5_0 and Q8_0, as llama.cpp computes them.
+"""A linear layer computed straight from its GGUF tensor's blocks (`gguf_native.py`): Q4_0, Q4_1,
+Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, as llama.cpp computes them.
 
 The weight keeps the file's bits (4.5 a Q4_K weight, 6.6 a Q6_K one, where torch's int8 kernel
 holds a Q6_K tensor in 8), repacked at load, 16 rows interleaved, where the library has its fast
@@ -38,7 +38,8 @@ class GGUFBlockLinear(torch.nn.Module):
     ):
         super().__init__()
         if not fits(kind, shape[1]):
-            raise ValueError(f"GGUF kernels take Q4_K/Q6_K/Q5_0/Q8_0 rows of whole blocks, not {kind} x {shape[1]}")
+            kinds = "/".join(gguf_native.TYPES)
+            raise ValueError(f"GGUF kernels take {kinds} rows of whole blocks, not {kind} x {shape[1]}")
         values, size = gguf_native.BLOCKS[kind]
         blocks = torch.as_tensor(np.ascontiguousarray(blocks)) if isinstance(blocks, np.ndarray) else blocks
         if tuple(blocks.shape) != (shape[0], shape[1] // values * size) or blocks.dtype != torch.uint8:

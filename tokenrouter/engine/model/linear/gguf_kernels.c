@@ -2,10 +2,10 @@
  *
  * Built by gguf_native.py with the machine's C compiler (-O3 -march=native -fopenmp) and called
  * through ctypes. The arithmetic is llama.cpp's: each row of x is quantized to int8, per block of
- * 256 values for the K-quant weights (Q4_K, Q6_K: one float scale and the sums of each 16 codes)
- * and per block of 32 for the others (Q5_0, Q8_0), and the dot products run on the integer codes,
- * scaled once per block. A decode step then reads 4.5-8.5 bits a weight and computes in int8,
- * where torch's own int4 kernel dequantizes every weight to float first.
+ * 256 values for the K-quant weights (Q4_K, Q5_K, Q6_K: one float scale and the sums of each 16
+ * codes) and per block of 32 for the others (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0), and the dot products
+ * run on the integer codes, scaled once per block. A decode step then reads 4.5-8.5 bits a weight
+ * and computes in int8, where torch's own int4 kernel dequantizes every weight to float first.
  *
  * Two implementations: plain C on the file's own blocks (tr_gguf_matmul), which the tests hold the
  * other to and which serves any other CPU (slowly: the engine's probe then measures torch's
@@ -25,7 +25,16 @@
 #define TR_AVX512 0
 #endif
 
-enum { TYPE_Q8_0 = 8, TYPE_Q5_0 = 6, TYPE_Q4_K = 12, TYPE_Q6_K = 14 }; /* ggml's type numbers */
+enum { /* ggml's type numbers */
+    TYPE_Q4_0 = 2,
+    TYPE_Q4_1 = 3,
+    TYPE_Q5_0 = 6,
+    TYPE_Q5_1 = 7,
+    TYPE_Q8_0 = 8,
+    TYPE_Q4_K = 12,
+    TYPE_Q5_K = 13,
+    TYPE_Q6_K = 14
+};
 
 static float fp16_to_f32(uint16_t h) {
     uint32_t sign = (uint32_t)(h >> 15) << 31, exp = (h >> 10) & 31, man = h & 1023, bits;
@@ -73,8 +82,8 @@ typedef struct {
     int8_t *q;       /* [M][K] */
     float *d;        /* [M][K / block] */
     int16_t *bsums;  /* [M][K / 16]: sums of each 16 codes (K-quants: Q6_K's offset of 32) */
-    int16_t *bsum32; /* [M][K / 32]: sums of each 32 codes (K-quants: Q4_K's mins) */
-    int32_t *xo;     /* [M][K / 32]: -offset * each 32 codes' sum (Q8_0's and Q5_0's unsigned codes) */
+    int16_t *bsum32; /* [M][K / 32]: sums of each 32 codes (Q4_K's and Q5_K's mins; Q4_1's and Q5_1's) */
+    int32_t *xo;     /* [M][K / 32]: -offset * each 32 codes' sum (Q8_0's, Q5_0's and Q4_0's unsigned codes) */
 } QuantX;
 
 static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int offset, int8_t *q, float *d,
@@ -93,13 +102,13 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int of
         int8_t *c = q + b * block;
         for (int i = 0; i < block; i++) c[i] = (int8_t)nearbyintf(buf[i] * inv);
         d[b] = scale;
-        if (offset != 0) { /* 32-blocks: what the unsigned codes' offset takes back */
+        if (offset != 0) { /* 32-blocks of offset codes: what the offset takes back */
             int s = 0;
             for (int i = 0; i < 32; i++) s += c[i];
             xo[b] = -offset * s;
             continue;
         }
-        for (int j = 0; j < block / 16; j++) { /* K-quants: sums of 16 and 32 codes */
+        for (int j = 0; j < block / 16; j++) { /* sums of 16 and 32 codes (K-quants, Q4_1, Q5_1) */
             int s = 0;
             for (int i = 0; i < 16; i++) s += c[j * 16 + i];
             bsums[b * (block / 16) + j] = (int16_t)s;
@@ -110,7 +119,8 @@ static void quantize_row(const void *x, int x_bf16, int64_t K, int block, int of
 
 /* ---- Q4_K: 256 weights = d, dmin (fp16), 12 bytes of eight 6-bit scales and mins, 128 bytes of
  * codes (each 32-byte run: one sub-block of 32 in its low nibbles, the next in its high ones);
- * w = d * scale_j * q - dmin * min_j ---- */
+ * w = d * scale_j * q - dmin * min_j. Q5_K: the same with 32 bytes of high bits before the codes
+ * (byte l bit j: bit 4 of value l of sub-block j), q in 0..31 ---- */
 
 static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     uint32_t u[3], out[4];
@@ -123,18 +133,21 @@ static void q4k_scales(const uint8_t *s, uint8_t sc[8], uint8_t mn[8]) {
     memcpy(mn, out + 2, 8);
 }
 
-static float dot_q4k_ref(const uint8_t *w, const int8_t *q, const float *d, const int16_t *bs, int64_t nb) {
+static float dot_q45k_ref(int type, const uint8_t *w, const int8_t *q, const float *d, const int16_t *bs,
+                          int64_t nb) {
+    const int five = type == TYPE_Q5_K;
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 144, q += 256, bs += 16) {
+    for (int64_t b = 0; b < nb; b++, w += five ? 176 : 144, q += 256, bs += 16) {
         uint8_t sc[8], mn[8];
         q4k_scales(w + 4, sc, mn);
-        const uint8_t *qs = w + 16;
+        const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
         int32_t isum = 0, msum = 0;
         for (int j = 0; j < 4; j++) {
             int32_t lo = 0, hi = 0;
             for (int l = 0; l < 32; l++) {
-                lo += (qs[32 * j + l] & 15) * q[64 * j + l];
-                hi += (qs[32 * j + l] >> 4) * q[64 * j + 32 + l];
+                const int h = five ? qh[l] >> (2 * j) : 0; /* bits 0, 1: sub-blocks 2j, 2j + 1 */
+                lo += ((qs[32 * j + l] & 15) | (h & 1) << 4) * q[64 * j + l];
+                hi += ((qs[32 * j + l] >> 4) | (h & 2) << 3) * q[64 * j + 32 + l];
             }
             isum += sc[2 * j] * lo + sc[2 * j + 1] * hi;
         }
@@ -170,8 +183,15 @@ static float dot_q6k_ref(const uint8_t *w, const int8_t *q, const float *d, cons
     return acc;
 }
 
-/* ---- Q8_0: 32 weights = d (fp16), 32 int8 codes; Q5_0: d, 32 high bits, 16 bytes of low
- * nibbles (first 16 weights low, last 16 high); w = d * (q - 16) ---- */
+/* ---- Q8_0: 32 weights = d (fp16), 32 int8 codes. The others: d, then m (fp16: Q4_1, Q5_1), then
+ * 32 high bits (Q5_0, Q5_1), then 16 bytes of low nibbles (first 16 weights low, last 16 high);
+ * w = d * (q - 8) (Q4_0), d * (q - 16) (Q5_0), d * q + m (Q4_1, Q5_1) ---- */
+
+static inline int has_min(int type) { return type == TYPE_Q4_1 || type == TYPE_Q5_1; }
+static inline int has_high(int type) { return type == TYPE_Q5_0 || type == TYPE_Q5_1; }
+static inline int code_offset(int type) {
+    return type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : type == TYPE_Q4_0 ? 8 : 0;
+}
 
 static float dot_q8_0_ref(const uint8_t *w, const int8_t *q, const float *d, int64_t nb) {
     float acc = 0.0f;
@@ -184,18 +204,22 @@ static float dot_q8_0_ref(const uint8_t *w, const int8_t *q, const float *d, int
     return acc;
 }
 
-static float dot_q5_0_ref(const uint8_t *w, const int8_t *q, const float *d, int64_t nb) {
+/* The min term is m times llama.cpp's q8_1 s: x's scale times its 32 codes' sum (`bs32`). */
+static float dot_nibbles_ref(int type, const uint8_t *w, const int8_t *q, const float *d, const int16_t *bs32,
+                             int64_t nb) {
+    const int at_qh = has_min(type) ? 4 : 2, at_qs = at_qh + (has_high(type) ? 4 : 0), offset = code_offset(type);
     float acc = 0.0f;
-    for (int64_t b = 0; b < nb; b++, w += 22, q += 32) {
-        uint32_t qh;
-        memcpy(&qh, w + 2, 4);
+    for (int64_t b = 0; b < nb; b++, w += at_qs + 16, q += 32) {
+        uint32_t qh = 0;
+        if (has_high(type)) memcpy(&qh, w + at_qh, 4);
         int32_t isum = 0;
         for (int l = 0; l < 16; l++) {
-            int lo = ((w[6 + l] & 15) | (((qh >> l) & 1) << 4)) - 16;
-            int hi = ((w[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - 16;
+            int lo = ((w[at_qs + l] & 15) | (((qh >> l) & 1) << 4)) - offset;
+            int hi = ((w[at_qs + l] >> 4) | (((qh >> (l + 16)) & 1) << 4)) - offset;
             isum += lo * q[l] + hi * q[l + 16];
         }
         acc += fp16_to_f32(read_u16(w)) * d[b] * (float)isum;
+        if (has_min(type)) acc += fp16_to_f32(read_u16(w + 2)) * (d[b] * (float)bs32[b]);
     }
     return acc;
 }
@@ -203,14 +227,18 @@ static float dot_q5_0_ref(const uint8_t *w, const int8_t *q, const float *d, int
 static int block_bytes(int type) {
     switch (type) {
     case TYPE_Q4_K: return 144;
+    case TYPE_Q5_K: return 176;
     case TYPE_Q6_K: return 210;
     case TYPE_Q8_0: return 34;
+    case TYPE_Q4_0: return 18;
+    case TYPE_Q4_1: return 20;
     case TYPE_Q5_0: return 22;
+    case TYPE_Q5_1: return 24;
     default: return 0;
     }
 }
 
-static int block_values(int type) { return type == TYPE_Q4_K || type == TYPE_Q6_K ? 256 : 32; }
+static int block_values(int type) { return type == TYPE_Q4_K || type == TYPE_Q5_K || type == TYPE_Q6_K ? 256 : 32; }
 
 #if TR_AVX512
 /* quantize_row with AVX512: the same float operations (max |x|, x * 127 / max rounded to nearest
@@ -264,7 +292,7 @@ static int quantize_x(int type, const void *x, int x_bf16, int64_t K, int64_t M,
     qx->xo = malloc(sizeof(int32_t) * (size_t)(M * (K / 32)));
     if (!qx->q || !qx->d || !qx->bsums || !qx->bsum32 || !qx->xo) return -2;
     const size_t esize = x_bf16 ? 2 : 4;
-    const int offset = type == TYPE_Q8_0 ? 128 : type == TYPE_Q5_0 ? 16 : 0;
+    const int offset = code_offset(type);
 #pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
     for (int64_t m = 0; m < M; m++) {
         void (*row)(const void *, int, int64_t, int, int, int8_t *, float *, int16_t *, int16_t *, int32_t *) =
@@ -292,10 +320,11 @@ static void rows_ref(int type, const uint8_t *w, const QuantX *x, int64_t K, int
     const float *d = x->d + m * nb;
     const int16_t *bs = x->bsums + m * (K / 16);
     switch (type) {
-    case TYPE_Q4_K: *out = dot_q4k_ref(w, q, d, bs, nb); break;
+    case TYPE_Q4_K:
+    case TYPE_Q5_K: *out = dot_q45k_ref(type, w, q, d, bs, nb); break;
     case TYPE_Q6_K: *out = dot_q6k_ref(w, q, d, bs, nb); break;
     case TYPE_Q8_0: *out = dot_q8_0_ref(w, q, d, nb); break;
-    default: *out = dot_q5_0_ref(w, q, d, nb); break;
+    default: *out = dot_nibbles_ref(type, w, q, d, x->bsum32 + m * (K / 32), nb); break;
     }
 }
 
@@ -331,20 +360,26 @@ int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void 
  * lane of a 512-bit vector, so that one VNNI instruction (vpdpbusd) multiplies 4 codes of each of
  * the 16 rows by the same 4 int8 values of a row of x (broadcast) and adds them up: 64 products,
  * no horizontal sums, and each block's float scaling done once for 16 rows. Repacked once at load,
- * to the same size give or take the scales (Q4_K 148 bytes a block instead of 144, the others
- * equal); rows past N pad the last group with zeros. The arithmetic is the same integer sums as
- * the plain path's, scaled per block as llama.cpp does.
+ * to the same size give or take the scales (Q4_K 148 bytes a block instead of 144, Q5_K 180
+ * instead of 176, the others equal); rows past N pad the last group with zeros. The arithmetic is
+ * the same integer sums as the plain path's, scaled per block as llama.cpp does.
  *
  * Per group of 16 rows and block, `g` bytes (codes: "chunk" c = 8 values of each row, lane L
  * holding row L's values 8c..8c+3 in its 4 bytes' low nibbles and 8c+4..8c+7 in the high ones):
  *   Q4_K (2368): 32 chunks of codes; scales [8][16] u8; mins [4][16][2] u8 (pairs of sub-blocks);
  *                d [16], dmin [16] fp16
+ *   Q5_K (2880): Q4_K's group (of the codes' low 4 bits), then 64 masks of 64 high bits (mask v:
+ *                bit 4 of vector v's bytes, vector v = values 4v..4v+3 of each row: chunk v/2's
+ *                low nibbles where v is even, its high ones where odd)
  *   Q6_K (3360): 32 chunks of low nibbles; 16 vectors of high bit pairs, vector v lane L byte k:
  *                bits 0-1, 2-3, 4-5, 6-7 = values 16v+k, +4, +8, +12; scales [8][16][2] int8
  *                (pairs of 16-value groups); d [16] fp16
  *   Q8_0 (544):  8 vectors of codes + 128, vector v lane L = row L's values 4v..4v+3; d [16] fp16
- *   Q5_0 (352):  4 chunks of low nibbles; 8 masks of 64 high bits (mask v: vector v's bytes);
- *                d [16] fp16
+ *   Q5_0 (352):  4 chunks of low nibbles; 8 masks of 64 high bits (mask v: vector v's bytes, as
+ *                Q5_K's); d [16] fp16
+ *   Q4_0 (288):  4 chunks of codes; d [16] fp16
+ *   Q4_1 (320):  4 chunks of codes; d [16], m [16] fp16
+ *   Q5_1 (384):  Q5_0's group, then m [16] fp16
  */
 
 enum { GROUP = 16 };
@@ -352,14 +387,22 @@ enum { GROUP = 16 };
 static int group_bytes(int type) {
     switch (type) {
     case TYPE_Q4_K: return 2368;
+    case TYPE_Q5_K: return 2880;
     case TYPE_Q6_K: return 3360;
     case TYPE_Q8_0: return 544;
+    case TYPE_Q4_0: return 288;
+    case TYPE_Q4_1: return 320;
     case TYPE_Q5_0: return 352;
+    case TYPE_Q5_1: return 384;
     default: return 0;
     }
 }
 
-/* One block of one row, decoded: its codes (unsigned), scales and fp16 scale bits. */
+/* Where a 32-block group's d sit (its m 32 bytes on). */
+static inline int q32_at_d(int type) { return (type == TYPE_Q8_0 ? 512 : 256) + (has_high(type) ? 64 : 0); }
+
+/* One block of one row, decoded: its codes (unsigned), scales and fp16 scale bits (`dmin`: Q4_1's
+ * and Q5_1's m). */
 typedef struct {
     uint8_t code[256];
     uint8_t sc[16], mn[8];
@@ -368,13 +411,16 @@ typedef struct {
 
 static void decode_block(int type, const uint8_t *w, Decoded *o) {
     memset(o, 0, sizeof *o);
-    if (type == TYPE_Q4_K) {
+    if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
+        const int five = type == TYPE_Q5_K;
+        const uint8_t *qh = w + 16, *qs = w + (five ? 48 : 16);
         o->d = read_u16(w), o->dmin = read_u16(w + 2);
         q4k_scales(w + 4, o->sc, o->mn);
         for (int j = 0; j < 4; j++)
             for (int l = 0; l < 32; l++) {
-                o->code[64 * j + l] = w[16 + 32 * j + l] & 15;
-                o->code[64 * j + 32 + l] = w[16 + 32 * j + l] >> 4;
+                const int h = five ? qh[l] >> (2 * j) : 0;
+                o->code[64 * j + l] = (qs[32 * j + l] & 15) | (h & 1) << 4;
+                o->code[64 * j + 32 + l] = (qs[32 * j + l] >> 4) | (h & 2) << 3;
             }
     } else if (type == TYPE_Q6_K) {
         o->d = read_u16(w + 208);
@@ -393,14 +439,23 @@ static void decode_block(int type, const uint8_t *w, Decoded *o) {
         o->d = read_u16(w);
         for (int l = 0; l < 32; l++) o->code[l] = (uint8_t)(w[2 + l] ^ 0x80); /* int8 + 128 */
     } else {
+        const int at_qh = has_min(type) ? 4 : 2, at_qs = at_qh + (has_high(type) ? 4 : 0);
         o->d = read_u16(w);
-        uint32_t qh;
-        memcpy(&qh, w + 2, 4);
+        if (has_min(type)) o->dmin = read_u16(w + 2);
+        uint32_t qh = 0;
+        if (has_high(type)) memcpy(&qh, w + at_qh, 4);
         for (int l = 0; l < 16; l++) {
-            o->code[l] = (w[6 + l] & 15) | (((qh >> l) & 1) << 4);
-            o->code[l + 16] = (w[6 + l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
+            o->code[l] = (w[at_qs + l] & 15) | (((qh >> l) & 1) << 4);
+            o->code[l + 16] = (w[at_qs + l] >> 4) | (((qh >> (l + 16)) & 1) << 4);
         }
     }
+}
+
+/* Bit 4 of row L's codes into the masks: mask v bit 4L + k = value 4v + k's. */
+static void pack_high(const uint8_t *c, int vectors, int L, uint8_t *masks) {
+    for (int v = 0; v < vectors; v++)
+        for (int k = 0; k < 4; k++)
+            if (c[4 * v + k] & 16) masks[8 * v + (4 * L + k) / 8] |= (uint8_t)(1u << ((4 * L + k) % 8));
 }
 
 static void put_u16(uint8_t *p, uint16_t v) { p[0] = (uint8_t)v, p[1] = (uint8_t)(v >> 8); }
@@ -414,14 +469,15 @@ static void pack_group(int type, const Decoded r[GROUP], uint8_t *g) {
             put_u16(g + 512 + 2 * L, r[L].d);
             continue;
         }
-        const int chunks = type == TYPE_Q5_0 ? 4 : 32;
+        const int chunks = block_values(type) / 8;
         for (int ch = 0; ch < chunks; ch++)
             for (int k = 0; k < 4; k++) g[64 * ch + 4 * L + k] = (c[8 * ch + k] & 15) | ((c[8 * ch + 4 + k] & 15) << 4);
-        if (type == TYPE_Q4_K) {
+        if (type == TYPE_Q4_K || type == TYPE_Q5_K) {
             for (int j = 0; j < 8; j++) g[2048 + 16 * j + L] = r[L].sc[j];
             for (int p = 0; p < 4; p++)
                 g[2176 + 32 * p + 2 * L] = r[L].mn[2 * p], g[2176 + 32 * p + 2 * L + 1] = r[L].mn[2 * p + 1];
             put_u16(g + 2304 + 2 * L, r[L].d), put_u16(g + 2336 + 2 * L, r[L].dmin);
+            if (type == TYPE_Q5_K) pack_high(c, 64, L, g + 2368);
         } else if (type == TYPE_Q6_K) {
             for (int v = 0; v < 16; v++)
                 for (int k = 0; k < 4; k++) {
@@ -431,11 +487,10 @@ static void pack_group(int type, const Decoded r[GROUP], uint8_t *g) {
                 }
             for (int j = 0; j < 16; j++) g[3072 + 32 * (j / 2) + 2 * L + (j & 1)] = r[L].sc[j];
             put_u16(g + 3328 + 2 * L, r[L].d);
-        } else { /* Q5_0: bit 4 of each code, by vector v = 4 values of each row */
-            for (int v = 0; v < 8; v++)
-                for (int k = 0; k < 4; k++)
-                    if (c[4 * v + k] & 16) g[256 + 8 * v + (4 * L + k) / 8] |= (uint8_t)(1u << ((4 * L + k) % 8));
-            put_u16(g + 320 + 2 * L, r[L].d);
+        } else {
+            if (has_high(type)) pack_high(c, 8, L, g + 256);
+            put_u16(g + q32_at_d(type) + 2 * L, r[L].d);
+            if (has_min(type)) put_u16(g + q32_at_d(type) + 32 + 2 * L, r[L].dmin);
         }
     }
 }
@@ -480,32 +535,54 @@ enum { AHEAD = 4736 };
 #define INLINE static inline __attribute__((always_inline))
 #define BCAST4(p) _mm512_set1_epi32(*(const int32_t *)(p)) /* 4 int8 of x (or 2 int16) to every lane */
 
-/* The next blocks of W into L1 while this one computes: the hardware prefetcher alone fell behind.
- * Only on the first pass over a group (`ahead`): later passes find it in cache. */
+/* The next blocks of W into the cache while this one computes: the hardware prefetcher alone fell
+ * behind. Only on the first pass over a group (`ahead`): later passes find it in cache. A 32-block
+ * group's 5-9 lines go to L1; a K-quant group's 37-53 to L2 (`prefetch_l2`), Q4_K's and Q5_K's an
+ * eighth per sub-block. All at once to L1 they stalled the core on its misses in flight: a 1-row
+ * step read 24 GB/s of Q5_K's W (35 this way), 31 of Q4_K's (36), and 20-44 of Q6_K's, by build. */
 INLINE void prefetch_ahead(const uint8_t *g, int gb, int ahead) {
     if (ahead)
         for (int l = 0; l < gb; l += 64) _mm_prefetch((const char *)g + AHEAD + l, _MM_HINT_T0);
 }
 
+/* Part `part` of `parts` of the lines. */
+INLINE void prefetch_l2(const uint8_t *g, int gb, int ahead, int part, int parts) {
+    const int lines = (gb + 63) / 64;
+    if (ahead)
+        for (int l = lines * part / parts; l < lines * (part + 1) / parts; l++)
+            _mm_prefetch((const char *)g + AHEAD + 64 * l, _MM_HINT_T1);
+}
+
 INLINE __m512 scales16(const uint8_t *p) { return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p)); }
 
-/* 16 rows of W (group `g` onwards, `nb` blocks) against rows m0..m0+mt-1 of x: out[i][L]. */
-INLINE void group_q4k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt, int ahead, float *out) {
+/* Bit 4 of vector v's codes (`masks`: the group's masks of high bits) added to its low nibbles. */
+INLINE __m512i add_high(__m512i nib, const uint8_t *masks, int v) {
+    __mmask64 high;
+    memcpy(&high, masks + 8 * v, 8);
+    return _mm512_mask_add_epi8(nib, high, nib, _mm512_set1_epi8(16));
+}
+
+/* 16 rows of W (group `g` onwards, `nb` blocks) against rows m0..m0+mt-1 of x: out[i][L].
+ * Q4_K and Q5_K (its high bits added to the codes). */
+INLINE void group_q45k(const int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt,
+                       int ahead, float *out) {
     const int64_t nb = K / 256;
+    const int gb = group_bytes(type);
     const __m512i low4 = _mm512_set1_epi8(15);
     __m512 acc[TILE];
     for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
-    for (int64_t b = 0; b < nb; b++, g += 2368) {
+    for (int64_t b = 0; b < nb; b++, g += gb) {
         __m512i isum[TILE], msum[TILE];
         for (int i = 0; i < mt; i++) isum[i] = msum[i] = _mm512_setzero_si512();
-        prefetch_ahead(g, 2368, ahead);
         for (int j = 0; j < 8; j++) { /* sub-block j: 32 values, chunks 4j..4j+3 */
+            prefetch_l2(g, gb, ahead, j, 8);
             __m512i s0[TILE], s1[TILE];
             for (int i = 0; i < mt; i++) s0[i] = s1[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
             for (int c = 4 * j; c < 4 * j + 4; c++) {
                 const __m512i raw = _mm512_loadu_si512(g + 64 * c);
-                const __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                __m512i lo = _mm512_and_si512(raw, low4), hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low4);
+                if (type == TYPE_Q5_K) lo = add_high(lo, g + 2368, 2 * c), hi = add_high(hi, g + 2368, 2 * c + 1);
 #pragma GCC unroll 4
                 for (int i = 0; i < mt; i++) {
                     const int8_t *xq = x->q + (m0 + i) * K + b * 256 + 8 * c;
@@ -538,7 +615,7 @@ INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
     __m512 acc[TILE];
     for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, g += 3360) {
-        prefetch_ahead(g, 3360, ahead);
+        prefetch_l2(g, 3360, ahead, 0, 1);
         __m512i isum[TILE], osum[TILE];
         for (int i = 0; i < mt; i++) isum[i] = osum[i] = _mm512_setzero_si512();
         for (int p = 0; p < 8; p++) { /* groups 2p, 2p+1 of 16 values: chunks 4p..4p+3 */
@@ -579,27 +656,27 @@ INLINE void group_q6k(const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, 
     for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
 }
 
-/* Q8_0 and Q5_0: each sum starts from minus the codes' offset times x's sum of 32 (`xo`). */
+/* The 32-blocks. Q8_0, Q4_0 and Q5_0: each sum starts from minus the codes' offset times x's sum
+ * of 32 (`xo`); Q4_1 and Q5_1: m times x's scale times that sum (`bsum32`) is added. */
 INLINE __m512i q32_vector(const int type, const uint8_t *g, int v) {
     if (type == TYPE_Q8_0) return _mm512_loadu_si512(g + 64 * v);
     const __m512i raw = _mm512_loadu_si512(g + 64 * (v / 2));
     const __m512i nib = _mm512_and_si512(v & 1 ? _mm512_srli_epi16(raw, 4) : raw, _mm512_set1_epi8(15));
-    __mmask64 high;
-    memcpy(&high, g + 256 + 8 * v, 8);
-    return _mm512_or_si512(nib, _mm512_maskz_set1_epi8(high, 16));
+    return has_high(type) ? add_high(nib, g + 256, v) : nib;
 }
 
 INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, const int mt, int ahead,
                       float *out) {
     const int64_t nb = K / 32;
-    const int gb = type == TYPE_Q8_0 ? 544 : 352, at_d = type == TYPE_Q8_0 ? 512 : 320;
+    const int gb = group_bytes(type), at_d = q32_at_d(type);
     __m512 acc[TILE];
     for (int i = 0; i < mt; i++) acc[i] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++, g += gb) {
         prefetch_ahead(g, gb, ahead);
         __m512i s0[TILE], s1[TILE];
         for (int i = 0; i < mt; i++)
-            s0[i] = _mm512_set1_epi32(x->xo[(m0 + i) * nb + b]), s1[i] = _mm512_setzero_si512();
+            s0[i] = has_min(type) ? _mm512_setzero_si512() : _mm512_set1_epi32(x->xo[(m0 + i) * nb + b]),
+            s1[i] = _mm512_setzero_si512();
 #pragma GCC unroll 4
         for (int v = 0; v < 8; v += 2) {
             const __m512i u0 = q32_vector(type, g, v), u1 = q32_vector(type, g, v + 1);
@@ -611,9 +688,14 @@ INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t
             }
         }
         const __m512 d = scales16(g + at_d);
-        for (int i = 0; i < mt; i++)
+        for (int i = 0; i < mt; i++) {
+            const float dx = x->d[(m0 + i) * nb + b];
             acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(s0[i], s1[i])),
-                                     _mm512_mul_ps(d, _mm512_set1_ps(x->d[(m0 + i) * nb + b])), acc[i]);
+                                     _mm512_mul_ps(d, _mm512_set1_ps(dx)), acc[i]);
+            if (has_min(type))
+                acc[i] = _mm512_fmadd_ps(scales16(g + at_d + 32), _mm512_set1_ps(dx * x->bsum32[(m0 + i) * nb + b]),
+                                         acc[i]);
+        }
     }
     for (int i = 0; i < mt; i++) _mm512_storeu_ps(out + GROUP * i, acc[i]);
 }
@@ -623,10 +705,16 @@ static void group_fast(int type, const uint8_t *g, const QuantX *x, int64_t K, i
     const int ahead = m0 == 0;
 #define ROWS(n)                                                                                                        \
     case n:                                                                                                            \
-        if (type == TYPE_Q4_K) group_q4k(g, x, K, m0, n, ahead, out);                                                  \
-        else if (type == TYPE_Q6_K) group_q6k(g, x, K, m0, n, ahead, out);                                             \
-        else if (type == TYPE_Q8_0) group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out);                                  \
-        else group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out);                                                         \
+        switch (type) {                                                                                                \
+        case TYPE_Q4_K: group_q45k(TYPE_Q4_K, g, x, K, m0, n, ahead, out); break;                                      \
+        case TYPE_Q5_K: group_q45k(TYPE_Q5_K, g, x, K, m0, n, ahead, out); break;                                      \
+        case TYPE_Q6_K: group_q6k(g, x, K, m0, n, ahead, out); break;                                                  \
+        case TYPE_Q8_0: group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out); break;                                       \
+        case TYPE_Q4_0: group_q32(TYPE_Q4_0, g, x, K, m0, n, ahead, out); break;                                       \
+        case TYPE_Q4_1: group_q32(TYPE_Q4_1, g, x, K, m0, n, ahead, out); break;                                       \
+        case TYPE_Q5_0: group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out); break;                                       \
+        default: group_q32(TYPE_Q5_1, g, x, K, m0, n, ahead, out); break;                                              \
+        }                                                                                                              \
         break;
     switch (mt) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) }
 #undef ROWS

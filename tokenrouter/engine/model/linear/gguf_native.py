@@ -3,9 +3,9 @@
 torch's CPU kernels for 4-bit and 8-bit weights dequantize every weight to float before they
 multiply, so a decode step of the demo 1.5B read 23 GB/s where llama.cpp reads 35. The C file
 computes as llama.cpp does (x quantized to int8 per block, integer dot products on the file's own
-blocks' codes, AVX512 VNNI). For the fast path each tensor is repacked once at load, 16 rows
-interleaved (the layout is in the C file; the same size give or take 3%), which replaces the
-file's bytes: no second copy.
+blocks' codes, AVX512 VNNI), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors. For
+the fast path each tensor is repacked once at load, 16 rows interleaved (the layout is in the C
+file; the same size give or take 3%), which replaces the file's bytes: no second copy.
 
 It is built for this CPU on first use and kept under the store (engine/native_build.py). Without
 a compiler, or where the build fails, `load()` answers None with the reason and the engine keeps
@@ -27,8 +27,28 @@ from ... import native_build
 SOURCE = Path(__file__).with_name("gguf_kernels.c")
 ENV = "TOKENROUTER_GGUF_KERNELS"
 # ggml's type numbers, and (values, bytes) per block
-TYPES = {"Q5_0": 6, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
-BLOCKS = {"Q5_0": (32, 22), "Q8_0": (32, 34), "Q4_K": (256, 144), "Q6_K": (256, 210)}
+TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
+BLOCKS = {
+    "Q4_0": (32, 18),
+    "Q4_1": (32, 20),
+    "Q5_0": (32, 22),
+    "Q5_1": (32, 24),
+    "Q8_0": (32, 34),
+    "Q4_K": (256, 144),
+    "Q5_K": (256, 176),
+    "Q6_K": (256, 210),
+}
+# where each block's float16 scales sit (d, and m or dmin where the type has one)
+SCALES = {
+    "Q4_0": (0,),
+    "Q4_1": (0, 2),
+    "Q5_0": (0,),
+    "Q5_1": (0, 2),
+    "Q8_0": (0,),
+    "Q4_K": (0, 2),
+    "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
 
 
 @dataclass(frozen=True)
