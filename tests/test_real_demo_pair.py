@@ -1,5 +1,6 @@
-"""RStitch on the real demo pair (Qwen2.5-Coder 0.5B and 1.5B): `Engine()` with no arguments
-serves it from the store, and both models write tokens of a coherent answer.
+"""The real demo pair (Qwen2.5-Coder 0.5B and 1.5B): `Engine()` with no arguments serves it from
+the store under RStitch, and both models write tokens of a coherent answer; every other way of
+naming its models computes as `Engine()` does; GGUFs of every llama.cpp type load.
 
 Runs when the pair is in the store (README's main-job command puts it there; or
 `tokenrouter pull demo`), and is skipped otherwise: fetching and converting it takes minutes.
@@ -11,7 +12,8 @@ import anyio
 import pytest
 
 from tests.helpers import wait_all_free
-from tokenrouter import Engine, SamplingParams, store
+from tokenrouter import Engine, ModelSpec, SamplingParams, Single, store
+from tokenrouter.testing.gguf import LLAMA_FTYPES
 
 pytestmark = [
     pytest.mark.real_model,
@@ -37,3 +39,64 @@ def test_rstitch_on_the_demo_pair_uses_both_models():
     assert out.num_handoffs >= 1
     assert "def " in out.text and "factorial" in out.text  # a coherent answer, not noise
     assert stats["large"].handoffs_received >= 1
+
+
+def _large_model(form, tokens: int = 12):
+    """(precision, kernels, greedy token ids) of the demo 1.5B named as `form` (None: `Engine()`'s own)."""
+
+    async def main():
+        models = {} if form is None else {"models": {"large": form}}
+        async with Engine(policy=Single("large"), num_threads=2, **models) as engine:
+            question = [{"role": "user", "content": "Write a Python function that returns the factorial of n."}]
+            out = await engine.generate(question, SamplingParams(temperature=0, max_tokens=tokens))
+            m = engine.loaded["large"]
+            return m.precision, m.linear_kernel, out.token_ids
+
+    return anyio.run(main)
+
+
+def test_every_form_of_the_large_model_runs_as_engine_does(tmp_path):
+    """A store name, its directory, its `.gguf`, `ModelSpec(path=...)` and a GGUF of the user's own
+    (a copy outside the store, named by path and by directory) compute as `Engine()` does."""
+    name = store.DEFAULT_MODELS["large"]
+    directory = store.locate_model(name)
+    gguf = store.gguf_for(directory)
+    own = tmp_path / "mine" / "model.gguf"
+    own.parent.mkdir()
+    own.symlink_to(gguf)  # a path outside the store (its derived config and tokenizer kept apart)
+    default = _large_model(None)
+    assert "gguf" in default[0] and "blocks" in default[1], default
+    for form in (name, str(directory), str(gguf), ModelSpec(path=directory), str(own), str(own.parent)):
+        assert _large_model(form) == default, form
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("ftype", LLAMA_FTYPES)
+def test_a_gguf_of_each_llama_cpp_type_loads_and_answers(tmp_path_factory, ftype):
+    """The demo 0.5B requantized by llama.cpp's own quantizer into each of its file types: the types
+    the block kernels take compute from their blocks, the others (Q2_K, Q3_K, IQ4_NL) are
+    dequantized with the reason said, and each writes a coherent answer. Needs llama-cpp-python
+    (`tokenrouter[anchor]`); agreement with llama.cpp itself: benchmarks/bench_gguf_types.py."""
+    pytest.importorskip("llama_cpp")
+    from tokenrouter.engine.model.gguf_index import tensor_places
+    from tokenrouter.engine.model.linear.gguf_blocks import KINDS
+    from tokenrouter.testing.gguf import requantize
+
+    source = store.gguf_for(store.locate_model(store.DEFAULT_MODELS["small"]))
+    gguf = requantize(source, ftype, tmp_path_factory.mktemp("types") / f"{ftype}.gguf")
+    types = {t.kind for name, t in tensor_places(gguf).items() if len(t.shape) == 2 and name != "token_embd.weight"}
+    precision, kernels, _ = _large_model(str(gguf), tokens=1)
+    unserved = sorted(types - KINDS)
+    assert "blocks" in kernels, kernels
+    if unserved:
+        assert f"{unserved[0]} tensors dequantized" in kernels, kernels
+    else:
+        assert "dequantized" not in kernels, kernels
+
+    async def answer():
+        async with Engine(models={"m": str(gguf)}, policy=Single("m"), num_threads=2) as engine:
+            question = [{"role": "user", "content": "Write a Python function that returns the factorial of n."}]
+            return (await engine.generate(question, SamplingParams(temperature=0, max_tokens=48))).text
+
+    text = anyio.run(answer)
+    assert "def " in text, text

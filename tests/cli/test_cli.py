@@ -14,10 +14,9 @@ import pytest
 import torch
 
 from tests.conftest import TINY_PAIR_TAU
-from tokenrouter import SamplingParams, cli, store
+from tokenrouter import SamplingParams, cli
 from tokenrouter.cli import bench_command, engine_setup
 from tokenrouter.policies import BiLD, RStitch, Speculative
-from tokenrouter.store.layout import COMPLETE_MARKER
 from tokenrouter.testing import load_reference_models, reference_generate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,9 +199,9 @@ def test_speculative_and_bild_are_built_with_their_knobs(argv, expected):
 @pytest.mark.parametrize(
     "precision, dtype, quantization",
     [
-        ("auto", "auto", None),
-        ("float32", "float32", None),
-        ("bfloat16", "bfloat16", None),
+        ("auto", "auto", "auto"),
+        ("float32", "float32", "auto"),
+        ("bfloat16", "bfloat16", "auto"),
         ("gguf", "auto", "gguf"),
         ("gguf+bf16", "auto", "gguf+bf16"),
     ],
@@ -214,27 +213,6 @@ def test_precision_sets_each_models_spec(precision, dtype, quantization, tiny_pa
     for name, spec in specs.items():
         assert spec.path == tiny_pair[name]  # gguf: not checked for a GGUF until it loads
         assert (spec.dtype, spec.quantization, spec.device) == (dtype, quantization, "cpu")
-
-
-def test_precision_auto_keeps_a_store_models_gguf_on_cpu(tmp_path, monkeypatch, tiny_pair):
-    """auto is the API's fastest_spec: a store model (its directory beside the GGUF it came from)
-    keeps the GGUF's weights on CPU; float32 asks for float32 instead."""
-    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
-    name = store.DEFAULT_MODELS["small"]
-    directory = tmp_path / "models" / name
-    directory.mkdir(parents=True)
-    (directory / COMPLETE_MARKER).write_text(store.MODELS[name].sha256)
-    (tmp_path / "gguf").mkdir()
-    (tmp_path / "gguf" / f"{name}.gguf").write_bytes(b"")
-    argv = [f"--model=small={directory}", f"--model=large={tiny_pair['large']}", "--device", "cpu"]
-    for precision, small, large in [
-        ("auto", ("auto", "gguf+bf16"), ("auto", None)),
-        ("float32", ("float32", None), ("float32", None)),
-    ]:
-        args = parse(*argv, "--precision", precision)
-        specs = engine_setup.models_from_args(args, engine_setup.policy_from_args(args))
-        assert (specs["small"].dtype, specs["small"].quantization) == small, precision
-        assert (specs["large"].dtype, specs["large"].quantization) == large, precision
 
 
 def test_precision_gguf_on_a_gpu_is_a_usage_error_naming_the_flag(capsys, tiny_pair, monkeypatch):

@@ -122,7 +122,7 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(
         pytest.skip("the GGUF block kernels have no fast path on this machine")
     monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks" if blocks else "int4")
     # the prompt's 40 rows on the bf16 copies (gguf+bf16), whatever this machine's crossover
-    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads: (8, {}))
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (8, {}))
 
     path = build_tiny_model(
         tmp_path / arch, arch, tokenizer=tokenizer, hidden_size=256, intermediate_size=320, num_attention_heads=4

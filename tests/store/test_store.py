@@ -12,7 +12,7 @@ import tenacity
 
 from tokenrouter import store
 from tokenrouter.errors import ModelLoadError
-from tokenrouter.store import conversion, downloads
+from tokenrouter.store import downloads, model_files
 
 # Parts deliberately named so that plain string order differs from natural order (2 < 10).
 PARTS = {
@@ -160,15 +160,15 @@ def test_ensure_model_returns_a_complete_directory_at_once(fake_store, monkeypat
     (target / store.COMPLETE_MARKER).write_text(SHA)
 
     def fail(*args, **kwargs):
-        raise AssertionError("a complete model must not be fetched or converted again")
+        raise AssertionError("a complete model must not be fetched or written again")
 
-    monkeypatch.setattr(conversion, "ensure_gguf", fail)
-    monkeypatch.setattr(conversion, "convert_gguf", fail)
+    monkeypatch.setattr(model_files, "ensure_gguf", fail)
+    monkeypatch.setattr(model_files, "write_model_files", fail)
     assert store.ensure_model("fake", home=home) == target
     assert calls == []
 
 
-def test_ensure_model_converts_into_place_atomically(fake_store, monkeypatch):
+def test_ensure_model_writes_its_files_into_place_atomically(fake_store, monkeypatch):
     home, _ = fake_store
     target = home / "models" / "fake"
     target.mkdir(parents=True)
@@ -176,26 +176,26 @@ def test_ensure_model_converts_into_place_atomically(fake_store, monkeypatch):
 
     def crash(gguf, out_dir):
         (out_dir / "config.json").write_text("{}")
-        raise RuntimeError("killed mid-conversion")
+        raise RuntimeError("killed mid-write")
 
-    monkeypatch.setattr(conversion, "convert_gguf", crash)
-    with pytest.raises(RuntimeError, match="mid-conversion"):
+    monkeypatch.setattr(model_files, "write_model_files", crash)
+    with pytest.raises(RuntimeError, match="mid-write"):
         store.ensure_model("fake", home=home)
     assert sorted(p.name for p in (home / "models").iterdir()) == ["fake"]  # no temporary dir left
     assert sorted(p.name for p in target.iterdir()) == ["stale.json"]  # the crash did not touch the target
 
     seen = []
 
-    def convert(gguf, out_dir):
+    def write(gguf, out_dir):
         seen.append(gguf.read_bytes())
         (out_dir / "config.json").write_text("{}")
-        (out_dir / "model.safetensors").write_bytes(b"")
+        (out_dir / "tokenizer.json").write_text("{}")
 
-    monkeypatch.setattr(conversion, "convert_gguf", convert)
-    monkeypatch.setattr(conversion, "check_converted", lambda out_dir: None)
+    monkeypatch.setattr(model_files, "write_model_files", write)
+    monkeypatch.setattr(model_files, "check_model_files", lambda out_dir: None)
     assert store.ensure_model("fake", home=home) == target
     assert seen == [EXPECTED]
-    assert sorted(p.name for p in target.iterdir()) == [".complete", "config.json", "model.safetensors"]
+    assert sorted(p.name for p in target.iterdir()) == [".complete", "config.json", "tokenizer.json"]
     assert sorted(p.name for p in (home / "models").iterdir()) == ["fake"]
     assert oct(target.stat().st_mode & 0o777) == oct(0o777 & ~_umask())
 
@@ -289,16 +289,16 @@ def test_pull_expands_groups_and_a_second_pull_does_nothing(fake_store, monkeypa
     home, calls = fake_store
     converted = []
 
-    def convert(gguf, out_dir):
+    def write(gguf, out_dir):
         converted.append(gguf.name)
         (out_dir / "config.json").write_text("{}")
 
-    monkeypatch.setattr(conversion, "convert_gguf", convert)
-    monkeypatch.setattr(conversion, "check_converted", lambda out_dir: None)
+    monkeypatch.setattr(model_files, "write_model_files", write)
+    monkeypatch.setattr(model_files, "check_model_files", lambda out_dir: None)
     monkeypatch.setitem(store.GROUPS, "fakes", ("fake",))
     assert store.pull("fakes", home=home) == [home / "models" / "fake"]
     assert store.pull("fake", home=home) == [home / "models" / "fake"]
-    assert converted == ["fake.gguf"] and len(calls) == 1  # the second pull fetched and converted nothing
+    assert converted == ["fake.gguf"] and len(calls) == 1  # the second pull fetched and wrote nothing
     assert store.is_pulled("fake", home=home)
     entry = next(e for e in store.list_models(home=home) if e.name == "fake")
     assert entry.pulled and entry.size_bytes > len(EXPECTED)

@@ -141,10 +141,10 @@ def default_models(policy: Policy) -> dict[str, ModelSpec]:
             f"models: not given, so the engine serves the demo pair, but {missing} is not in the store at "
             f"{store.home_dir()}; fetch it with `{store.pull_command('demo')}` (or pass models=...)"
         )
-    return {m: fastest_spec(path) for m, path in paths.items()}
+    return {m: ModelSpec(path=path) for m, path in paths.items()}
 
 
-# what ModelSpec fields each named precision sets ("auto": `fastest_spec` picks them)
+# what ModelSpec fields each named precision sets ("auto": the defaults, which resolve at load)
 PRECISIONS = {
     "auto": {},
     "float32": {"dtype": "float32"},
@@ -158,23 +158,7 @@ def spec_in_precision(path, precision: str = "auto", **fields) -> ModelSpec:
     """A model's spec in one of `PRECISIONS` (the command line's --precision, eval's setting)."""
     if precision not in PRECISIONS:
         raise ConfigError(f"precision: must be one of {', '.join(PRECISIONS)}, got {precision!r}")
-    if precision == "auto":
-        return fastest_spec(path, **fields)
     return ModelSpec(path=path, **fields, **PRECISIONS[precision])
-
-
-def fastest_spec(path, **fields) -> ModelSpec:
-    """The spec a caller who asked for nothing in particular gets: on CPU, a store model keeps its
-    GGUF's own quantized weights for steps of few rows and bf16 copies for the others
-    (`quantization="gguf+bf16"`: 4-bit where the checkpoint is Q4_K; float32 weights where the CPU
-    has no fast bf16 and the GGUF block kernels do not win); anything else computes in the dtype
-    the probe picks (`dtype="auto"`)."""
-    from .. import store
-
-    spec = ModelSpec(path=path, **fields)
-    if spec.device == "cpu" and spec.dtype == "auto" and spec.quantization is None and store.gguf_for(spec.path):
-        spec = spec.model_copy(update={"quantization": "gguf+bf16"})
-    return spec
 
 
 def first_error(e: ValidationError) -> str:

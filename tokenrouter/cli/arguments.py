@@ -193,8 +193,8 @@ def add_routing_options(g) -> None:
         metavar="NAME=PATH",
         help="a model as the policy names it (rstitch, citer, r2r, collm, speculative, bild: small, "
         "large; escalation: any "
-        "names, smallest first) and where it is: a Hugging Face directory, a .gguf file or a store "
-        "name; repeatable. Default: the demo pair, "
+        "names, smallest first) and where it is: a store name, a .gguf file, a directory holding one "
+        "or a Hugging Face directory; repeatable. Default: the demo pair, "
         f"small={store.DEFAULT_MODELS['small']} and large={store.DEFAULT_MODELS['large']}",
     )
     g.add_argument("--no-pull", action="store_true", help="fail instead of fetching a store model that is missing")
@@ -206,12 +206,13 @@ def add_precision_option(g) -> None:
         "--precision",
         choices=PRECISIONS,
         default="auto",
-        help="what every model computes in: auto (default: on CPU a store model as with gguf+bf16, any "
-        "other model in float32 or bfloat16, whichever a timed probe finds faster on this machine; on a "
-        "GPU the checkpoint's dtype); float32; bfloat16; gguf (the weights as the model's GGUF holds them, "
-        "4-bit where Q4_K, computed in bfloat16; the least memory; CPU only; needs the GGUF: a store model "
-        "or a .gguf file); gguf+bf16 (those for steps of few rows, bf16 copies for prefill and batches: "
-        "the fastest, with the bf16 weights' memory on top)",
+        help="what every model computes in: auto (default: on CPU a model with a GGUF (a store model, a "
+        ".gguf file, a directory holding one) from the GGUF's own blocks where a timed probe finds them "
+        "faster, any other model in float32 or bfloat16, whichever the probe finds faster on this machine; "
+        "on a GPU the checkpoint's dtype); float32, bfloat16 (dense weights: a GGUF's written once as a "
+        "dense copy); gguf (the GGUF's blocks for every quantized layer; the least memory; CPU only); "
+        "gguf+bf16 (those for steps of few rows, bf16 copies for prefill and batches up to the rows a "
+        "probe measured, with the bf16 weights' memory on top)",
     )
 
 

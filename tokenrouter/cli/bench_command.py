@@ -231,7 +231,7 @@ def precision_options(args, models: dict) -> tuple[str, dict[str, dict]]:
     specs = {m: model_spec(m, path, args.precision, **fields) for m, path in models.items()}
     dtypes = {s.dtype for s in specs.values()}
     assert len(dtypes) == 1, dtypes  # --precision and --dtype set one dtype for every model
-    options = {m: {"quantization": s.quantization} for m, s in specs.items() if s.quantization is not None}
+    options = {m: {"quantization": s.quantization} for m, s in specs.items() if s.quantization != "auto"}
     return dtypes.pop(), options
 
 

@@ -103,10 +103,10 @@ def device_from_arg(arg: str | None) -> str:
 
 def model_spec(name: str, path: Path, precision: str = "auto", **fields):
     """Model `name`'s ModelSpec with --precision applied: auto is what the API gives a caller who
-    asks for nothing in particular (`fastest_spec`: a store model on CPU keeps its GGUF's weights,
-    anything else dtype="auto", which a timed probe resolves); float32 and bfloat16 set dtype, gguf
-    quantization="gguf" or "gguf+bf16". generate, chat and bench build every spec here, so the flag means the same
-    in each."""
+    asks for nothing in particular (the defaults, resolved at load: a GGUF-backed model on CPU
+    computes from its blocks where they win, anything else in the dtype a timed probe picks);
+    float32 and bfloat16 set dtype, gguf quantization="gguf" or "gguf+bf16". generate, chat and
+    bench build every spec here, so the flag means the same in each."""
     from pydantic import ValidationError
 
     from ..api.setup import first_error, spec_in_precision

@@ -141,21 +141,24 @@ class ModelSpec(BaseModel):
         description="CPU linear layers (float32 or bfloat16) through oneDNN, weights reordered once at load "
         "(decode steps about 2x faster on CPU). None: wherever it applies; True: required; False: torch's path.",
     )
-    quantization: Literal["gguf", "gguf+bf16", "int8"] | None = Field(
-        None,
-        description="'gguf': the weights as the model's GGUF checkpoint holds them (a .gguf path, or a store "
-        "model, whose GGUF the store keeps). Where the GGUF block kernels run fast (AVX512 VNNI), each quantized "
-        "tensor is computed from its own blocks as llama.cpp does, with float32 activations and a float16 KV "
-        "cache between them (dtype 'auto' or 'float32'; 'bfloat16' keeps bf16 activations); elsewhere Q4_K "
-        "tensors 4-bit and other quantized ones int8 in torch's kernels, computed in bfloat16. Where bfloat16 is "
-        "not faster on this CPU, dtype 'auto' keeps the block kernels in float32 where a probe measured them "
-        "faster than float32 weights, else falls back to float32 weights (engine/model/precision.py). "
+    quantization: Literal["auto", "gguf", "gguf+bf16", "int8"] | None = Field(
+        "auto",
+        description="'auto': on CPU with dtype 'auto', a GGUF-backed model (a .gguf path, a store model, a "
+        "directory holding a GGUF) runs as 'gguf+bf16' does (its GGUF's blocks where a probe measured them "
+        "faster); anything else (no GGUF, a GPU, a dtype asked for) as None. "
+        "'gguf': the weights as the model's GGUF holds them. Where the GGUF block kernels run fast (AVX512 "
+        "VNNI), each quantized tensor is computed from its own blocks as llama.cpp does (Q4_0, Q4_1, Q5_0, Q8_0, "
+        "Q4_K, Q5_K, Q6_K; other types dequantized), with float32 activations and a float16 KV cache between "
+        "them (dtype 'auto' or 'float32'; 'bfloat16' keeps bf16 activations); elsewhere Q4_K tensors 4-bit and "
+        "other quantized ones int8 in torch's kernels, computed in bfloat16. Where bfloat16 is not faster on "
+        "this CPU, dtype 'auto' keeps the block kernels in float32 where a probe measured them faster than "
+        "float32 weights, else falls back to float32 weights (engine/model/precision.py). "
         "'gguf+bf16': the same for steps of few rows, and dense bf16 copies of the weights for steps of many "
-        "(prefill, big batches), up to the rows a probe measured (engine/model/linear/by_rows.py): faster, "
-        "and the bf16 weights' memory on top. "
+        "(prefill, big batches), up to the rows a probe measured (engine/model/linear/by_rows.py); none where "
+        "the quantized kernels were faster at every size. "
         "'int8': the linear layers (but the MLP output projections) with int8 weights and per-step int8 "
         "activations, float32 on CPU (engine/model/linear/int8.py); lossy, meant for a draft model whose "
-        "tokens a verifying policy checks. None: the weights as loaded.",
+        "tokens a verifying policy checks. None: dense weights in `dtype` (a GGUF's dense copy, written once).",
     )
 
     attention_backend: Literal["auto", "torch", "cpu", "flashinfer"] = Field(
@@ -236,7 +239,7 @@ class ModelSpec(BaseModel):
             "int8": ("auto", "float32"),
             "gguf": ("auto", "bfloat16", "float32"),
             "gguf+bf16": ("auto", "bfloat16"),
-        }.get(self.quantization)
+        }.get(self.quantization or "")
         if dtypes is not None and (self.device.split(":")[0] != "cpu" or self.dtype not in dtypes):
             raise ValueError(
                 f"quantization={self.quantization!r} runs on device 'cpu' with dtype "

@@ -41,10 +41,12 @@ def _shapes_gguf(path: Path) -> dict[str, tuple[int, ...]]:
 
 def parameter_counts(path: str | Path) -> dict[str, int]:
     """{"total", "embedding", "head"} of a Hugging Face directory or a .gguf file (tied heads: 0)."""
+    from .. import store
+
     path = Path(path)
     if path.is_dir():
         shapes = _shapes_safetensors(path)
-        gguf = sorted(path.glob("*.gguf"))
+        gguf = sorted(path.glob("*.gguf")) or [g for g in [store.gguf_for(path)] if g is not None]
         if not shapes and gguf:
             shapes = _shapes_gguf(gguf[0])
     elif path.suffix == ".gguf":
@@ -78,7 +80,7 @@ def describe(path: str | Path) -> str:
     for name, source in store.MODELS.items():
         try:
             if path.resolve() == store.model_dir(name).resolve():
-                return f"{source.description}; GGUF dequantized, stored as bfloat16 (`{name}` in the store)"
+                return f"{source.description}; its GGUF (`{name}` in the store)"
         except OSError:
             continue
     config = path / "config.json" if path.is_dir() else None

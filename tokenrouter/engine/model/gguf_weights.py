@@ -1,15 +1,15 @@
-"""A GGUF checkpoint's own quantized weights, read tensor by tensor for `ModelSpec(quantization="gguf")`.
+"""A GGUF checkpoint's weights, read tensor by tensor: the quantized matrices as their own blocks
+(`tensor`), and any tensor dense (`dense`: the norms, biases and whatever no kernel takes).
 
-The store converts each GGUF into an ordinary Hugging Face directory and keeps the verified GGUF
-beside it (`store.gguf_for`), so the engine can take the quantized blocks from the very file the
-dense weights came from, with no second download. A Q4_K tensor is kept as its 4-bit codes with
-one scale and one offset per sub-block of 32 (`q4k_groups`): the checkpoint's own arithmetic,
-w = scale * q - minus. Other types are dequantized with gguf's reference code.
+A Q4_K tensor can also be kept as its 4-bit codes with one scale and one offset per sub-block of
+32 (`q4k_groups`, for torch's int4 kernel): the checkpoint's own arithmetic, w = scale * q - minus.
+Other types are dequantized with gguf's reference code.
 
 Names follow gguf's tensor-name map for the architecture. llama.cpp's converter permutes the
 rows of a Llama model's q and k projections (its rotary layout), and transformers permutes them
-back; the same row order is applied here. Architectures whose GGUF tensors need other changes
-are refused by name.
+back; the same row order is applied here. Dense tensors go through transformers' own per-arch
+fix-ups (`TENSOR_PROCESSORS`: that permutation, Gemma's norms stored plus one), so they are what
+transformers' GGUF loader would give. Architectures not listed in `ARCHS` are refused by name.
 """
 
 from __future__ import annotations
@@ -22,10 +22,12 @@ import numpy as np
 import torch
 
 from ...errors import ModelLoadError
+from . import heap
 from .gguf_index import tensor_places
 
-# transformers' model_type -> gguf's architecture name, where they differ
-_ARCH = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "llama"}
+# transformers' model_type -> gguf's architecture name: the decoder-only models whose GGUF tensors
+# are the Hugging Face ones one to one, but for the fix-ups transformers' processors apply
+ARCHS = {"qwen2": "qwen2", "qwen3": "qwen3", "llama": "llama", "mistral": "llama", "gemma3_text": "gemma3"}
 _PERMUTED = {"llama", "mistral"}  # q/k rows in llama.cpp's rotary order
 
 
@@ -44,25 +46,50 @@ class GGUFWeights:
 
     def __init__(self, path: Path, config):
         from gguf import MODEL_ARCH_NAMES, get_tensor_name_map
+        from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor
 
         text = config.get_text_config() if hasattr(config, "get_text_config") else config
         model_type = text.model_type
-        if model_type not in _ARCH:
+        if model_type not in ARCHS:
             raise ModelLoadError(
-                f"quantization='gguf' for {path}: {model_type!r} models are not supported "
-                f"(supported: {', '.join(sorted(_ARCH))})"
+                f"{path}: computing {model_type!r} models from a GGUF is not supported "
+                f"(supported: {', '.join(sorted(ARCHS))})"
             )
-        arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == _ARCH[model_type])
+        arch = next(k for k, v in MODEL_ARCH_NAMES.items() if v == ARCHS[model_type])
         self.path = path
         self.tensors = tensor_places(path)
         self.names = get_tensor_name_map(arch, text.num_hidden_layers)
         self.heads = text.num_attention_heads
         self.kv_heads = getattr(text, "num_key_value_heads", None) or text.num_attention_heads
         self.permuted = model_type in _PERMUTED
+        self.processor = TENSOR_PROCESSORS.get(ARCHS[model_type], TensorProcessor)(config=text.to_dict())
 
     def close(self) -> None:
         """Forget the tensors' places (what was read is copied out by then)."""
         self.tensors.clear()
+
+    def gguf_name(self, param_name: str) -> str | None:
+        """The GGUF tensor holding a Hugging Face parameter ("model.norm.weight" -> "output_norm.weight")."""
+        module, _, leaf = param_name.rpartition(".")
+        mapped = self.names.get_name(module)
+        name = f"{mapped}.{leaf}" if mapped is not None else None
+        return name if name in self.tensors else None
+
+    def dense(self, param_name: str) -> torch.Tensor | None:
+        """A parameter's values from the file, float32 in the shape torch holds them (dequantized
+        where the file keeps blocks), or None where the file has no tensor for it."""
+        from gguf import GGMLQuantizationType
+        from gguf.quants import dequantize
+
+        name = self.gguf_name(param_name)
+        if name is None:
+            return None
+        t = self.tensors[name]
+        raw = np.fromfile(self.path, dtype=np.uint8, count=t.n_bytes, offset=t.offset)
+        values = dequantize(raw.reshape(-1, t.n_bytes // max(1, _rows(t.shape))), GGMLQuantizationType[t.kind])
+        values = np.ascontiguousarray(values, dtype=np.float32).reshape(tuple(reversed(t.shape)))
+        values = self.processor.process(values, name).weights
+        return torch.from_numpy(np.ascontiguousarray(values, dtype=np.float32))
 
     def tensor(self, module_name: str, mapped: bool = False) -> GGUFTensor | None:
         """The GGUF matrix holding `<module_name>.weight`, or None if the file has none. Read into
@@ -84,6 +111,24 @@ class GGUFWeights:
             heads = self.heads if gguf_name.endswith("attn_q") else self.kv_heads
             order = unpermute_rows(rows, heads)
         return GGUFTensor(gguf_name, t.kind, rows, cols, data, order)
+
+
+def main_kind(path: Path) -> str:
+    """The type most of a GGUF's matrix bytes are in (the embedding table aside): Q4_K for the
+    demo pair's Q4_K_M files, Q4_1 for SmolLM2's."""
+    weight: dict[str, int] = {}
+    for name, t in tensor_places(path).items():
+        if len(t.shape) == 2 and not name.startswith("token_embd"):
+            weight[t.kind] = weight.get(t.kind, 0) + t.n_bytes
+    return max(weight, key=weight.get) if weight else "F32"
+
+
+def _rows(shape: tuple[int, ...]) -> int:
+    """How many rows of the innermost dimension a tensor has (gguf lists dims innermost first)."""
+    rows = 1
+    for d in shape[1:]:
+        rows *= d
+    return rows
 
 
 def mapped_bytes(path: Path, offset: int, size: int) -> np.ndarray:
@@ -141,3 +186,26 @@ def dequantized(t: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Tensor
     data = t.data if index is None else t.data[index.numpy()]
     out = dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.kind])
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(-1, t.cols)
+
+
+def load_from_gguf(
+    config, gguf: GGUFWeights, files: Path, dtype: torch.dtype, attn_implementation: str, skip: set[str]
+) -> torch.nn.Module:
+    """The model with every parameter read from the GGUF, dense in `dtype`, but those in `skip`
+    (left on the meta device for the kernels to fill from their blocks); its generation config
+    from `files`."""
+    from .weights import empty_model, finish, put
+
+    model = empty_model(config, dtype, attn_implementation)
+    for name, param in list(model.named_parameters()):
+        if name in skip or not param.is_meta:
+            continue
+        values = gguf.dense(name)
+        if values is not None:
+            put(model, name, values.to(dtype))
+            heap.trim(collect=False)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in skip]
+    if missing:
+        raise ModelLoadError(f"{gguf.path}: the GGUF holds no tensor for {', '.join(missing[:3])}")
+    return finish(model, files)

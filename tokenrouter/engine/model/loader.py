@@ -1,9 +1,17 @@
 """Load a decoder-only model and its tokenizer from a local Hugging Face directory or a GGUF file.
 
-transformers supplies the model definition, config, tokenizer, chat template and weight loading;
-the only thing the engine changes is the attention function, so that it owns the KV cache.
-Safetensors checkpoints are read one tensor at a time (`weights.py`), so that loading peaks
-near the memory the model then holds.
+Every way of naming a model comes down to one `Checkpoint`: the directory of its config and
+tokenizer, the GGUF its weights come from (if any) and where dense weights are (if any). A store
+name or directory, a `.gguf` path, a directory holding one, and a Hugging Face directory all go
+through `locate_checkpoint`, and the precision rule (`precision.py`) then sees the same thing
+whatever the form: on CPU a GGUF-backed model computes from its blocks where the probe says they
+win. A GGUF's config and tokenizer are read from its metadata once and kept (`store.files_for`);
+its weights are read from the GGUF at each load (`gguf_weights.py`), or, for a mode that computes
+on dense weights, from a dense copy written once (`dense_copy.py`).
+
+transformers supplies the model definition, config, tokenizer and chat template; the only thing
+the engine changes is the attention function, so that it owns the KV cache. Weights are read one
+tensor at a time (`weights.py`), so that loading peaks near the memory the model then holds.
 Nothing here ever reaches the Hugging Face hub.
 """
 
@@ -17,12 +25,12 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from ..attention import backend as attention
-from . import heap
-from .gguf_weights import GGUFWeights
+from . import dense_copy, heap
+from .gguf_weights import GGUFWeights, load_from_gguf, main_kind
 from .linear import kernels
-from .precision import meta_model, resolve_precision
+from .precision import GGUF_MODES, meta_model, resolve_precision
 from .shared_tokenizer import load_shared
-from .weights import load_streaming
+from .weights import checkpoint_files, load_streaming
 
 ATTN = attention.ATTN_IMPLEMENTATION
 
@@ -49,36 +57,81 @@ class LoadedModel:
         return self.kv_dtype or self.dtype
 
 
-def locate_checkpoint(path: Path) -> tuple[Path, str | None]:
-    """(directory, gguf file name or None) for a model path."""
+@dataclass(frozen=True)
+class Checkpoint:
+    """Where a model's files are, whatever form named it."""
+
+    files: Path  # config.json and the tokenizer
+    gguf: Path | None  # the GGUF its weights come from, if any
+    dense: Path | None  # a directory holding its weights dense (safetensors or .bin), if any
+
+    def dense_or_written(self, config) -> Path:
+        """The dense weights' directory, the GGUF's dense copy written first where there is none."""
+        if self.dense is not None:
+            return self.dense
+        assert self.gguf is not None, "a checkpoint has a GGUF or dense weights"
+        from ... import store
+
+        return dense_copy.write(self.gguf, config, store.files_for(self.gguf)).parent
+
+
+def locate_checkpoint(path: Path) -> Checkpoint:
+    """The checkpoint a model path names: a `.gguf` file; a directory holding exactly one `.gguf`
+    (with or without a config beside it); a store directory (its GGUF is under the store's `gguf/`);
+    or a Hugging Face directory with dense weights. A GGUF without a config beside it gets its
+    config and tokenizer from `store.files_for`, read from its metadata once."""
+    from ... import store
+
+    path = Path(path)
     if not path.exists():
         raise ModelLoadError(f"model path does not exist: {path}")
     if path.is_file():
         if path.suffix != ".gguf":
             raise ModelLoadError(f"model file must be a .gguf file or a directory: {path}")
-        return path.parent, path.name
-    if (path / "config.json").exists():
-        if not any(path.glob("*.safetensors")) and not any(path.glob("*.bin")):
-            raise ModelLoadError(f"no weights (*.safetensors) in model directory: {path}")
-        return path, None
+        return _gguf_checkpoint(path)
     ggufs = sorted(path.glob("*.gguf"))
-    if len(ggufs) == 1:
-        return path, ggufs[0].name
-    raise ModelLoadError(f"not a model directory (no config.json, and not exactly one .gguf file): {path}")
+    if not (path / "config.json").exists():
+        if len(ggufs) == 1:
+            return _gguf_checkpoint(ggufs[0])
+        raise ModelLoadError(f"not a model directory (no config.json, and not exactly one .gguf file): {path}")
+    gguf = store.gguf_for(path) or (ggufs[0] if len(ggufs) == 1 else None)
+    dense = path if _has_weights(path) else _dense_beside(gguf)
+    if gguf is None and dense is None:
+        raise ModelLoadError(f"no weights (*.safetensors, or one .gguf file) in model directory: {path}")
+    return Checkpoint(path, gguf, dense)
+
+
+def _gguf_checkpoint(gguf: Path) -> Checkpoint:
+    from ... import store
+
+    try:
+        files = store.files_for(gguf)
+    except OSError as e:
+        raise ModelLoadError(f"cannot keep the config and tokenizer read from {gguf}: {e}") from e
+    return Checkpoint(files, gguf, files if _has_weights(files) else None)
+
+
+def _has_weights(directory: Path) -> bool:
+    return checkpoint_files(directory) is not None or any(directory.glob("*.bin"))
+
+
+def _dense_beside(gguf: Path | None) -> Path | None:
+    """The dense copy an earlier load wrote for this GGUF from outside the store, if any."""
+    from ... import store
+
+    if gguf is None:
+        return None
+    files = store.derived_dir(gguf)
+    return files if files.is_dir() and _has_weights(files) else None
 
 
 def load_tokenizer(spec: ModelSpec):
     """The model's tokenizer; models with the same tokenizer files share one (`shared_tokenizer.py`)."""
     from transformers import AutoTokenizer
 
-    directory, gguf = locate_checkpoint(Path(spec.path))
+    where = Path(spec.tokenizer) if spec.tokenizer is not None else locate_checkpoint(Path(spec.path)).files
     try:
-        if spec.tokenizer is not None:
-            where = Path(spec.tokenizer)
-            return load_shared(where, lambda: AutoTokenizer.from_pretrained(where, local_files_only=True))
-        if gguf is not None:  # read from the GGUF's metadata
-            return AutoTokenizer.from_pretrained(directory, gguf_file=gguf, local_files_only=True)
-        return load_shared(directory, lambda: AutoTokenizer.from_pretrained(directory, local_files_only=True))
+        return load_shared(where, lambda: AutoTokenizer.from_pretrained(where, local_files_only=True))
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot load a tokenizer for {spec.path}: {e}") from e
 
@@ -90,26 +143,35 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     from transformers import AutoConfig, AutoModelForCausalLM
 
     attention.register()
-    directory, gguf_file = locate_checkpoint(Path(spec.path))
+    ckpt = locate_checkpoint(Path(spec.path))
     try:
-        config = AutoConfig.from_pretrained(directory, gguf_file=gguf_file, local_files_only=True)
+        config = AutoConfig.from_pretrained(ckpt.files, local_files_only=True)
     except (OSError, ValueError) as e:
         raise ModelLoadError(f"cannot read the model config of {spec.path}: {e}") from e
     if getattr(config, "is_encoder_decoder", False):
         raise ModelLoadError(f"{spec.path}: encoder-decoder models are not supported, only decoder-only ones")
     device = _usable_device(spec)
-    # a GGUF asked for must exist on every machine, also where the mode falls back to float32
-    gguf_path = _gguf_path(spec, directory, gguf_file) if spec.quantization in ("gguf", "gguf+bf16") else None
-    precision = resolve_precision(spec, config, device, threads)
-    dtype = precision.dtype
-    gguf = GGUFWeights(gguf_path, config) if precision.quantization in ("gguf", "gguf+bf16") else None
-    try:
-        # "gguf" never reads the dense copies of what the GGUF supplies; "gguf+bf16" keeps them
-        skip = kernels.gguf_sourced(meta_model(config), gguf) if precision.quantization == "gguf" else set()
-        streamed = None if gguf_file is not None else load_streaming(config, directory, dtype, ATTN, skip)
-        model = streamed or AutoModelForCausalLM.from_pretrained(
-            directory, gguf_file=gguf_file, dtype=dtype, attn_implementation=ATTN, local_files_only=True
+    if spec.quantization in GGUF_MODES and ckpt.gguf is None:  # asked for: must exist on every machine
+        raise ModelLoadError(
+            f"quantization={spec.quantization!r} for {spec.path}: no GGUF file for it (a .gguf path, a store "
+            "model, or a directory holding one .gguf beside its config)"
         )
+    gguf_kind = main_kind(ckpt.gguf) if ckpt.gguf is not None else None
+    precision = resolve_precision(spec, config, device, threads, gguf_kind)
+    dtype = precision.dtype
+    gguf = GGUFWeights(ckpt.gguf, config) if precision.quantization in GGUF_MODES else None
+    try:
+        if gguf is not None:  # what the GGUF's blocks supply stays on meta, for the kernels to fill
+            skip = kernels.gguf_sourced(meta_model(config), gguf, precision.gguf_blocks)
+            if ckpt.dense is not None and precision.quantization == "gguf+bf16":
+                skip = set()  # the dense copies of the weights serve the bf16 kernels (dense_bf16)
+            streamed = load_streaming(config, ckpt.dense, dtype, ATTN, skip) if ckpt.dense else None
+            model = streamed or load_from_gguf(config, gguf, ckpt.files, dtype, ATTN, skip)
+        else:
+            dense = ckpt.dense_or_written(config)
+            model = load_streaming(config, dense, dtype, ATTN) or AutoModelForCausalLM.from_pretrained(
+                dense, dtype=dtype, attn_implementation=ATTN, local_files_only=True
+            )
         _check_attention(spec, model)
         if gguf is None:  # GGUF-sourced weights are still on meta, filled next (on CPU, where they go)
             model.to(device)
@@ -141,21 +203,15 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     )
 
 
-def _gguf_path(spec: ModelSpec, directory: Path, gguf_file: str | None) -> Path:
-    """The GGUF the weights come from: the model path itself, the store's own copy of the
-    checkpoint a converted directory was made from, or the one GGUF file beside its config."""
-    from ... import store
+def dense_checkpoint(path: Path) -> Path:
+    """A Hugging Face directory with the model's dense weights, for code that loads it with
+    transformers itself (labelling, reference baselines): a GGUF's dense copy, written once."""
+    from transformers import AutoConfig
 
-    beside = sorted(directory.glob("*.gguf"))
-    path = directory / gguf_file if gguf_file is not None else store.gguf_for(directory)
-    if path is None and len(beside) == 1:
-        path = beside[0]
-    if path is None:
-        raise ModelLoadError(
-            f"quantization='gguf' for {spec.path}: no GGUF file for it (a .gguf path, a store model, or a "
-            "directory holding one .gguf beside its config)"
-        )
-    return path
+    ckpt = locate_checkpoint(Path(path))
+    if ckpt.dense is not None:
+        return ckpt.dense
+    return ckpt.dense_or_written(AutoConfig.from_pretrained(ckpt.files, local_files_only=True))
 
 
 def _check_attention(spec: ModelSpec, model: torch.nn.Module) -> None:

@@ -1,5 +1,10 @@
 """What a model computes in: its dtype, and whether its weights stay quantized.
 
+- `quantization="auto"` (the default) is the one rule every way of naming a model goes through:
+  on CPU with `dtype="auto"`, a GGUF-backed model (a `.gguf` path, a store model, a directory
+  holding a GGUF) resolves as `gguf+bf16` below: its blocks where the probe says they win;
+  anything else (no GGUF, a GPU, a dtype asked for) as `None`: the dense weights.
+
 - On a GPU, the checkpoint's dtype; a float32 or float64 checkpoint maps to bfloat16 (float16 on
   a GPU without bfloat16), as vLLM does, said in the log (`gpu_dtype`).
 - On CPU with `dtype="auto"`, the faster of float32 and bfloat16 for this model on this machine,
@@ -32,6 +37,8 @@ from ...config import ModelSpec
 from .linear import gguf_native, probe
 
 log = logging.getLogger(__name__)
+
+GGUF_MODES = ("gguf", "gguf+bf16")
 
 DTYPES = {
     "float32": torch.float32,
@@ -91,8 +98,20 @@ def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
 
 
-def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: int | None) -> Precision:
-    quantization = spec.quantization
+def asked_quantization(spec: ModelSpec, device: torch.device, gguf: bool) -> str | None:
+    """What `spec.quantization` means for this checkpoint (`gguf`: it has a GGUF) on this device:
+    "auto" becomes "gguf+bf16" for a GGUF-backed model on CPU with dtype "auto", else None."""
+    if spec.quantization != "auto":
+        return spec.quantization
+    return "gguf+bf16" if gguf and device.type == "cpu" and spec.dtype == "auto" else None
+
+
+def resolve_precision(
+    spec: ModelSpec, config, device: torch.device, threads: int | None, gguf_kind: str | None = None
+) -> Precision:
+    """What the model computes in on `device`. `gguf_kind`: the GGUF type most of the checkpoint's
+    weights are in (the probe times the block kernels on it), None where it has no GGUF."""
+    quantization = asked_quantization(spec, device, gguf_kind is not None)
     if device.type != "cpu":
         if spec.dtype != "auto":
             return Precision(DTYPES[spec.dtype], None, "as asked")
@@ -103,7 +122,7 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
         return Precision(dtype, None, reason)
     if quantization == "int8":
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
-    gguf = quantization in ("gguf", "gguf+bf16")
+    gguf = quantization in GGUF_MODES
     if quantization == "gguf" and spec.dtype == "float32":
         lib, missing = gguf_native.load()
         if lib is None or not lib.fast:
@@ -119,7 +138,7 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
         if not gguf or choice.dtype != "bfloat16":
             if not gguf:
                 return Precision(choice.torch_dtype, None, choice.reason)
-            timings = probe.quantized_rows(shapes[0], threads)[1]
+            timings = probe.quantized_rows(shapes[0], threads, kind=gguf_kind, dense="float32")[1]
             if probe.blocks_beat_float32(timings):  # no bf16 needed: x reaches them in float32
                 most = max(probe.QUANTIZED_ROWS)
                 why = f"the GGUF block kernels measured faster than float32 at every size up to {most} rows"
@@ -129,7 +148,9 @@ def resolve_precision(spec: ModelSpec, config, device: torch.device, threads: in
         reason = choice.reason
     else:
         reason = "bfloat16 as asked"
-    rows, timings = probe.quantized_rows(shapes[0], threads)  # which quantized kernel, and up to what rows
+    rows, timings = probe.quantized_rows(
+        shapes[0], threads, kind=gguf_kind
+    )  # which quantized kernel, and up to what rows
     blocks = probe.few_kernel(timings) == "blocks"
     kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
     most = max(probe.QUANTIZED_ROWS)

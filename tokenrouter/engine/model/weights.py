@@ -9,9 +9,10 @@ the meta device (buffers such as rotary frequencies are computed as usual), and 
 read from the file into a buffer of its own, converted to the compute dtype and registered in
 place of its meta parameter; the buffer is freed before the next one is read.
 
-Only checkpoints whose tensor names are exactly the model's own are streamed (what the store
-writes, and what most Hugging Face directories hold); anything else (a GGUF file, renamed or
-fused keys) returns None and the caller uses `from_pretrained`.
+Only checkpoints whose tensor names are exactly the model's own are streamed (what the engine's
+dense copies of a GGUF hold, and what most Hugging Face directories hold); anything else (renamed
+or fused keys) returns None and the caller uses `from_pretrained`. `empty_model` and `put` serve
+the GGUF loader (gguf_weights.py) alike.
 """
 
 from __future__ import annotations
@@ -58,22 +59,28 @@ def read_header(path: Path) -> tuple[dict, int]:
     return header, 8 + size
 
 
+def empty_model(config, dtype: torch.dtype, attn_implementation: str) -> torch.nn.Module:
+    """The model with its parameters on the meta device (buffers such as rotary frequencies are
+    computed as usual), for `put` to fill."""
+    from accelerate import init_empty_weights
+    from transformers import AutoModelForCausalLM
+
+    with init_empty_weights(include_buffers=False):
+        return AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+
+
 def load_streaming(
     config, directory: Path, dtype: torch.dtype, attn_implementation: str, skip: set[str] = frozenset()
 ) -> torch.nn.Module | None:
     """The model with every weight read from `directory`'s safetensors, or None if this
     checkpoint cannot be streamed (its names are not the model's own). Parameters named in
     `skip` are not read: they stay on the meta device for the caller to fill (from a GGUF)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoModelForCausalLM
-
     files = checkpoint_files(directory)
     if files is None:
         return None
     headers = [(path, *read_header(path)) for path in files]
     names = {name for _, header, _ in headers for name in header}
-    with init_empty_weights(include_buffers=False):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation)
+    model = empty_model(config, dtype, attn_implementation)
     expected = set(model.state_dict(keep_vars=True))
     if not names <= expected or any(h[n]["dtype"] not in _DTYPES for _, h, _ in headers for n in h):
         return None
@@ -88,20 +95,26 @@ def load_streaming(
                 if f.readinto(raw.numpy()) != end - begin:
                     raise OSError(f"{path}: truncated tensor {name}")
                 stored = raw.view(_DTYPES[info["dtype"]]).reshape(info["shape"])
-                _put(model, name, stored.to(dtype) if stored.is_floating_point() else stored.clone())
+                put(model, name, stored.to(dtype) if stored.is_floating_point() else stored.clone())
                 del raw, stored
     model.tie_weights()
     params = model.named_parameters(remove_duplicate=False)
     if any(p.is_meta and n not in skip for n, p in params) or any(b.is_meta for b in model.buffers()):
         return None  # something the file does not hold (and no tie provides): let transformers decide
-    if (directory / "generation_config.json").is_file():  # EOS ids and defaults, as from_pretrained reads them
+    return finish(model, directory)
+
+
+def finish(model: torch.nn.Module, directory: Path) -> torch.nn.Module:
+    """The generation config beside the weights (EOS ids and defaults, as from_pretrained reads
+    them), and eval mode."""
+    if (directory / "generation_config.json").is_file():
         from transformers import GenerationConfig
 
         model.generation_config = GenerationConfig.from_pretrained(directory, local_files_only=True)
     return model.eval()
 
 
-def _put(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+def put(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
     """Register `tensor` as the parameter (or persistent buffer) `name` of `model`."""
     owner, _, leaf = name.rpartition(".")
     module = model.get_submodule(owner)

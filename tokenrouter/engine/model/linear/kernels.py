@@ -4,20 +4,24 @@
 - `quantization="int8"` (a drafter's): fbgemm's dynamic int8, the MLP outputs kept float32
   (`int8.py`), the rest packed;
 - `quantization="gguf"`: each layer from its GGUF tensor: where the probe measured the GGUF
-  block kernels faster, Q4_K, Q6_K, Q5_0 and Q8_0 tensors as their own blocks (`gguf_blocks.py`),
-  computed as llama.cpp does; otherwise Q4_K as 4-bit groups (`int4.py`) and other quantized
-  types as int8 weights (`int8_weights.py`); unquantized ones packed in bf16;
-  the embedding table stays in its GGUF blocks (`gguf_embedding.py`) unless the head shares it.
+  block kernels faster, every tensor of a type they take (`gguf_blocks.KINDS`) as its own blocks
+  (`gguf_blocks.py`), computed as llama.cpp does, and any other (IQ*, Q2_K, Q3_K, ...) dequantized
+  and packed, the reason said in what `prepare_linears` returns; otherwise Q4_K as 4-bit groups
+  (`int4.py`) and other quantized types as int8 weights (`int8_weights.py`); unquantized ones
+  packed; the embedding table stays in its GGUF blocks (`gguf_embedding.py`), and an output head
+  tied to it computes from the same blocks.
 - `quantization="gguf+bf16"`: the same quantized kernels for calls of up to the rows a probe
   found them faster, and a dense bf16 copy of each weight, packed, for calls of more
   (`by_rows.py`): decode reads 4.5 bits a weight, big prefills compute in bf16;
 - anything else (a GPU, float64): torch's own linear.
 
-`gguf_sourced` names the parameters a GGUF supplies, so that the loader never reads their dense
-copies at all: loading then peaks near what the model holds.
+`gguf_sourced` names the parameters a GGUF's kernels supply, so that the loader never reads their
+dense values at all: loading then peaks near what the model holds.
 """
 
 from __future__ import annotations
+
+import logging
 
 import torch
 
@@ -29,26 +33,57 @@ from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
 from ..precision import Precision
 from . import by_rows, gguf_blocks, gguf_native, int4, int8, int8_weights, kernel_cache, onednn
 
-QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}
+log = logging.getLogger(__name__)
+
+QUANTIZED = {"Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K"}  # torch's kernels take
+FLOATS = {"F32", "F16", "BF16", "F64"}
 
 
-def gguf_sourced(model: torch.nn.Module, gguf: GGUFWeights) -> set[str]:
-    """Parameter names whose values come from the GGUF's quantized tensors (the model may be on
-    the meta device): every linear weight, and the embedding's unless the head shares it."""
+def served(kind: str, cols: int, blocks: bool) -> bool:
+    """Whether a linear layer's GGUF tensor is computed in its quantized form: by the block
+    kernels (`blocks`) where they take its type, else by torch's int4/int8 kernels."""
+    return gguf_blocks.fits(kind, cols) if blocks else kind in QUANTIZED
+
+
+def gguf_sourced(model: torch.nn.Module, gguf: GGUFWeights, blocks: bool) -> set[str]:
+    """Parameter names whose values the GGUF's kernels supply (the model may be on the meta
+    device): the linear weights `served` says, and the embedding's unless its tensor is floats. A
+    head tied to the embedding computes from the embedding's tensor; where no kernel takes that,
+    both stay dense (and tied)."""
     out = set()
+    head, shared, embed = model.get_output_embeddings(), tied_embedding(model), embed_name(model)
     for name, module in model.named_modules():
-        t = gguf.tensor(name) if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)) else None
-        if t is None or t.kind not in QUANTIZED:
-            continue
-        if isinstance(module, torch.nn.Embedding) and tied(model):
-            continue
-        out.add(f"{name}.weight")
+        if isinstance(module, torch.nn.Linear):
+            t = gguf_tensor(gguf, name, shared if module is head else None, mapped=True)
+            if t is not None and served(t.kind, t.cols, blocks):
+                out.add(f"{name}.weight")
+    t = gguf.tensor(embed, mapped=True)
+    head_served = any(model.get_submodule(n.removesuffix(".weight")) is head for n in out)
+    if t is not None and t.kind not in FLOATS and (shared is None or head_served):
+        out.add(f"{embed}.weight")
     return out
 
 
-def tied(model: torch.nn.Module) -> bool:
+def embed_name(model: torch.nn.Module) -> str:
+    embed = model.get_input_embeddings()
+    return next(n for n, m in model.named_modules() if m is embed)
+
+
+def tied_embedding(model: torch.nn.Module) -> str | None:
+    """The embedding's module name where the output head shares its weight, else None."""
     head, embed = model.get_output_embeddings(), model.get_input_embeddings()
-    return head is not None and embed is not None and head.weight is embed.weight
+    if head is None or embed is None or head.weight is not embed.weight:
+        return None
+    return next(n for n, m in model.named_modules() if m is embed)
+
+
+def gguf_tensor(gguf: GGUFWeights, name: str, tied_to: str | None, mapped: bool):
+    """The GGUF tensor a linear layer or the embedding computes from: its own, or for an output
+    head tied to the embedding `tied_to` (llama.cpp then writes no `output` tensor) the embedding's."""
+    t = gguf.tensor(name, mapped=mapped)
+    if t is None and tied_to is not None:
+        t = gguf.tensor(tied_to, mapped=mapped)
+    return t
 
 
 def prepare_linears(
@@ -105,23 +140,29 @@ def from_gguf(
     in `built`. With the `blocks` library, the tensors it takes are computed from their GGUF blocks
     as they are (gguf_blocks.py)."""
     kinds: set[str] = set()
-    embed = model.get_input_embeddings()
+    unserved: dict[str, int] = {}  # quantized types no kernel takes here: dequantized by the loader
+    sourced = gguf_sourced(model, gguf, blocks is not None)
+    embed, head, shared = model.get_input_embeddings(), model.get_output_embeddings(), tied_embedding(model)
     dense = many_rows_after is not None
     # by name: a list of the modules themselves would keep every replaced dense weight alive
     for name in [n for n, m in model.named_modules() if m is embed or isinstance(m, torch.nn.Linear)]:
         module = model.get_submodule(name)
         hit = cached is not None and (f"{name}.int4.packed" in cached or f"{name}.int8.qweight" in cached)
-        t = gguf.tensor(name, mapped=module is embed or hit)  # a kernel read back needs few of its bytes
-        if t is None or t.kind not in QUANTIZED:
+        tied_to = shared if module is head else None
+        t = gguf_tensor(gguf, name, tied_to, mapped=module is embed or hit)  # a kernel read back needs few bytes
+        if t is None or t.kind in FLOATS:
+            continue
+        if f"{name}.weight" not in sourced:
+            unserved[t.kind] = unserved.get(t.kind, 0) + 1
             continue
         owner, _, leaf = name.rpartition(".")
         parent = model.get_submodule(owner)
         if module is embed:
-            if not tied(model):
-                setattr(parent, leaf, GGUFEmbedding(t, dtype, module.padding_idx))
-                kinds.add("gguf-embedding")
+            scale = getattr(module, "embed_scale", None)  # Gemma scales its embeddings in the module
+            setattr(parent, leaf, GGUFEmbedding(t, dtype, module.padding_idx, scale))
+            kinds.add("gguf-embedding")
             continue
-        if blocks is not None and gguf_blocks.fits(t.kind, t.cols):
+        if blocks is not None:
             data = t.data if t.row_order is None else t.data[t.row_order.numpy()]
             few, kind = gguf_blocks.GGUFBlockLinear(blocks, t.kind, data, (t.rows, t.cols), module.bias), "blocks"
         else:
@@ -136,7 +177,13 @@ def from_gguf(
     if onednn_ok and onednn.pack_linears(model, (dtype,)):
         kinds.add("onednn")
     order = ["blocks", "int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]
-    return "+".join(k for k in order if k in kinds) or "torch"
+    used = "+".join(k for k in order if k in kinds) or "torch"
+    if not unserved:
+        return used
+    which = ", ".join(f"{n} {kind}" for kind, n in sorted(unserved.items()))
+    takes = ", ".join(sorted(gguf_blocks.KINDS if blocks is not None else QUANTIZED))
+    log.warning("%s: %s tensors dequantized (the kernels here take %s)", gguf.path.name, which, takes)
+    return f"{used} ({which} tensors dequantized: the kernels here take {takes})"
 
 
 def quantized_kernel(name: str, t, bias, cached: dict, built: dict) -> tuple[torch.nn.Module, str]:
