@@ -36,3 +36,11 @@ def test_the_configuration_reference_is_made_from_the_fields():
     from tokenrouter.config.reference import reference
 
     assert reference() in (ROOT / "docs" / "sdk.md").read_text(encoding="utf-8")
+
+
+def test_the_command_reference_is_made_from_the_parser():
+    """docs/cli.md's reference is every command's --help, as `python -m tokenrouter.cli.reference`
+    writes it (run it after changing a flag)."""
+    from tokenrouter.cli.reference import reference
+
+    assert reference() in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")

@@ -27,6 +27,11 @@ __all__ = ["COLOURS", "DIM", "RESET", "UsageError", "build_parser", "main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
+    return build_parsers()[0]
+
+
+def build_parsers() -> tuple[argparse.ArgumentParser, dict[str, argparse.ArgumentParser]]:
+    """The `tokenrouter` parser and each command's, by name."""
     parser = Parser(
         prog="tokenrouter",
         description="Token-level routing between language models: a small model writes most tokens, "
@@ -38,7 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     for group in (serve, store_commands, training_commands, bench_command, eval_command):
         group.add_parsers(sub)
-    return parser
+    return parser, dict(sub.choices)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
