@@ -3,7 +3,7 @@
  * A query's output depends only on its own vector and the K/V of the keys it attends to: never on
  * the other queries or rows in the call, nor on how wide the call's widest row is. torch's CPU SDPA
  * tiles keys and queries by the call's shapes, so the same token computed in a decode step, in a
- * verifier's check of k drafts, or in a prefill got other bits (docs/architecture.md), and greedy
+ * verifier's check of k drafts, or in a prefill got other bits (docs/evaluation.md, "A row's result must not depend on its step"), and greedy
  * Speculative was not always its target's own output. Here every sum runs in one fixed order:
  *   - a score is one vector accumulator over the head dimension, 16 lanes at a time, then a
  *     fixed horizontal sum;
