@@ -159,13 +159,17 @@ def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2
     assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2 and len(calls) == 1
     assert list((tmp_path / "probes").glob("rows-*.json"))
-    timings = real((64, 64), threads=1, repeats=1)  # the real measurement runs
+    timings = real((64, 256), threads=1, repeats=1)  # the real measurement runs: Q4_K by default
     assert {"int4", "bfloat16"} <= set(timings) <= {"int4", "bfloat16", "blocks"}
     assert set(timings["bfloat16"]) == set(probe.QUANTIZED_ROWS)
-    # torch's 4-bit kernel at every size only where it may serve: no block kernels, or faster at one row
+    # torch's kernel at every size only where it may serve: no block kernels, or faster at one row
     every = "blocks" not in timings or timings["int4"][1] < timings["blocks"][1]
     assert set(timings["int4"]) == (set(probe.QUANTIZED_ROWS) if every else {1})
-    assert set(real((64, 64), threads=1, repeats=1, dense="float32")) - {"int4", "blocks"} == {"float32"}
+    # torch's kernel for any other type is int8 per channel: the one it would compute that type with
+    assert (
+        {"int8", "bfloat16"} <= set(real((64, 64), threads=1, repeats=1, kind="Q8_0")) <= {"int8", "bfloat16", "blocks"}
+    )
+    assert set(real((64, 64), threads=1, repeats=1, dense="float32")) - {"int8", "blocks"} == {"float32"}
 
 
 def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkeypatch, tmp_path):
@@ -255,3 +259,12 @@ def test_the_bf16_engine_matches_transformers_in_bf16(tmp_path, tokenizer, arch)
     assert (got - want).abs().max() < 0.15 and (got - want).abs().mean() < 0.04
     exact = _prompt_logprobs_hf(path, prompt, torch.float32)
     assert 0 < (got - exact).abs().max() <= 1.5 * (want - exact).abs().max() + 0.02  # bf16, as good as theirs
+
+
+def test_the_block_kernels_are_weighed_against_torchs_kernel_for_the_models_type():
+    """A Q8_0 model's alternative to the block kernels is torch's int8 kernel, not its 4-bit one
+    (which would never compute it): the 0.5B requantized to Q8_0 took int8 for a 4-bit timing."""
+    assert probe.torch_kernel_for("Q4_K") == ("int4", 4) and probe.torch_kernel_for("Q8_0") == ("int8", 8)
+    q8 = {"bfloat16": {1: 2.0}, "int8": {1: 0.9}, "blocks": {1: 0.8}}
+    assert probe.few_kernel(q8) == "blocks"
+    assert probe.few_kernel({**q8, "int8": {1: 0.5}}) == "int8"

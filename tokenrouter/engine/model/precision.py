@@ -151,8 +151,9 @@ def resolve_precision(
     rows, timings = probe.quantized_rows(
         shapes[0], threads, kind=gguf_kind
     )  # which quantized kernel, and up to what rows
-    blocks = probe.few_kernel(timings) == "blocks"
-    kernel = "the GGUF block kernels" if blocks else "torch's 4-bit kernels"
+    few = probe.few_kernel(timings)
+    blocks = few == "blocks"
+    kernel = "the GGUF block kernels" if blocks else f"torch's {few} kernels"
     most = max(probe.QUANTIZED_ROWS)
     if quantization == "gguf" or rows >= most:  # no bf16 copies: asked, or they would compute nothing faster
         if quantization == "gguf":

@@ -34,8 +34,8 @@ log = logging.getLogger(__name__)
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
 # 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes; 6: float32;
-# 7: best of the calls, the load recorded, the blocks of the model's own type
-PROBE_VERSION = 7
+# 7: best of the calls, the load recorded, the blocks of the model's own type; 8: torch's kernel for that type
+PROBE_VERSION = 8
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -131,9 +131,9 @@ def measure_quantized(
     """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a
     warm-up), on one shape: oneDNN's packed linear in `dense` ("bfloat16" or "float32": what the
     quantized kernels replace, with and without fast bf16), the GGUF block kernels on blocks of
-    `kind` ("blocks") where they built with their fast path, and torch's 4-bit kernel ("int4"):
-    at one row where the block kernels are there (all `few_kernel` compares), at every size where
-    it might serve.
+    `kind` ("blocks") where they built with their fast path, and torch's kernel for that type
+    ("int4" for Q4_K, "int8" for the others: `torch_kernel_for`): at one row where the block
+    kernels are there (all `few_kernel` compares), at every size where it might serve.
 
     Each kernel cycles through copies of its weight that together outsize the CPU's caches, as a
     model's layers do: timed on one copy, a layer the cache holds looks 3-5x faster than a decode
@@ -144,6 +144,7 @@ def measure_quantized(
     from . import gguf_native
     from .gguf_blocks import GGUFBlockLinear
     from .int4 import Int4Linear
+    from .int8_weights import Int8WeightLinear
 
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -159,19 +160,27 @@ def measure_quantized(
             values, size = gguf_native.BLOCKS[kind]
             blocks = [random_blocks(kind, shape, gen) for _ in range(copies(8 * size // values))]
             kernels["blocks"] = [GGUFBlockLinear(lib, kind, b, shape) for b in blocks]
-        out = time_kernels(kernels, QUANTIZED_ROWS, shape[1], repeats, gen)
-        # torch's 4-bit kernel: a scout at one row (a working set of 4x this EPYC's 32 MiB cache) ...
-        scout = {"int4": [Int4Linear.from_dense(w) for _ in range(copies(4, INT4_SCOUT_BYTES))]}
-        out.update(time_kernels(scout, (1,), shape[1], repeats, gen))
-        if "blocks" not in out or out["int4"][1] < out["blocks"][1]:  # ... and every size where it may serve
-            scout = {"int4": [Int4Linear.from_dense(w) for _ in range(copies(4))]}
-            out.update(time_kernels(scout, QUANTIZED_ROWS, shape[1], repeats, gen))
+        timing = (shape[1], repeats, gen)
+        out = time_kernels(kernels, QUANTIZED_ROWS, *timing)
+        # torch's kernel for this type (4-bit for Q4_K, int8 per channel for the others): a scout at
+        # one row (a working set of 4x this EPYC's 32 MiB cache) ...
+        name, bits = torch_kernel_for(kind)
+        make = (lambda: Int4Linear.from_dense(w)) if name == "int4" else (lambda: Int8WeightLinear(w))
+        out.update(time_kernels({name: [make() for _ in range(copies(bits, TORCH_SCOUT_BYTES))]}, (1,), *timing))
+        if "blocks" not in out or out[name][1] < out["blocks"][1]:  # ... and every size where it may serve
+            out.update(time_kernels({name: [make() for _ in range(copies(bits))]}, QUANTIZED_ROWS, *timing))
     finally:
         torch.set_num_threads(before)
     return simulated(out)
 
 
-INT4_SCOUT_BYTES = 128 << 20
+TORCH_SCOUT_BYTES = 128 << 20
+
+
+def torch_kernel_for(kind: str) -> tuple[str, int]:
+    """torch's kernel for a GGUF type where the block kernels do not serve it, and its bits a
+    weight: Q4_K as 4-bit groups, every other type as int8 per channel (linear/kernels.py)."""
+    return ("int4", 4) if kind == "Q4_K" else ("int8", 8)
 
 
 def time_kernels(kernels: dict, sizes, cols: int, repeats: int, gen: torch.Generator) -> dict:
@@ -212,10 +221,11 @@ def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> to
 
 def few_kernel(timings: dict) -> str:
     """Which quantized kernel serves steps of few rows: the GGUF block kernels where they were
-    measured no slower than torch's int4 at one row, else torch's."""
-    blocks, int4 = timings.get("blocks"), timings["int4"]
+    measured no slower than torch's kernel for the type (int4 or int8) at one row, else torch's."""
+    name = "int4" if "int4" in timings else "int8"
+    blocks, other = timings.get("blocks"), timings[name]
     one = lambda t: t.get(1, t.get("1"))  # noqa: E731 (keys are strings once cached)
-    return "blocks" if blocks and one(blocks) <= one(int4) else "int4"
+    return "blocks" if blocks and one(blocks) <= one(other) else name
 
 
 def blocks_beat_float32(timings: dict) -> bool:
