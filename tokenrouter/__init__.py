@@ -13,6 +13,7 @@ from .config import (
 )
 from .errors import (
     ConfigError,
+    ContextLengthExceededError,
     EngineNotRunningError,
     InvalidRequestError,
     ModelLoadError,
@@ -26,6 +27,7 @@ from .policies import Policy, RStitch, Single
 __all__ = [
     "AutoBatchingOptions",
     "ConfigError",
+    "ContextLengthExceededError",
     "Engine",
     "EngineMetrics",
     "EngineNotRunningError",

@@ -14,6 +14,10 @@ class InvalidRequestError(TokenRouterError, ValueError):
         super().__init__(f"{field}: {message}")
 
 
+class ContextLengthExceededError(InvalidRequestError):
+    """A prompt does not fit the model's context (with room for one token to generate)."""
+
+
 class ModelLoadError(TokenRouterError, ValueError):
     """A model could not be found or loaded (missing weights, unsupported architecture, ...)."""
 

@@ -96,11 +96,14 @@ class LLM:
         *,
         tools: list[dict] | None = None,
         tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> list[RequestOutput]:
         """`generate` for one conversation (a list of chat messages, rendered with the model's
-        chat template) or a list of conversations; `tools` and `tool_choice` as for
-        `Engine.generate` (the calls come back parsed in each output's `tool_calls`)."""
-        kw = {"tools": tools, "tool_choice": tool_choice}
+        chat template) or a list of conversations; the other arguments as for `Engine.generate`
+        (the calls come back parsed in each output's `tool_calls`)."""
+        kw = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}
+        kw["deadline_s"] = deadline_s
         if _is_conversation(messages):
             return [self._loop.call(partial(self.engine.generate, messages, params, **kw))]
         if isinstance(messages, _TEXT) or not isinstance(messages, Sequence):
@@ -115,33 +118,55 @@ class LLM:
         return self._loop.call(partial(self.engine.generate_batch, list(messages), params, **kw))
 
     def stream(
-        self, prompt: Prompt, params: SamplingParams | None = None, *, request_id: str | None = None
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None = None,
+        *,
+        request_id: str | None = None,
+        tools: list[dict] | None = None,
+        tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> Iterator[StreamDelta]:
         """Deltas as they are written, blocking until each; the last one carries finish_reason and
-        the whole output. Leaving the loop early aborts the request and frees its KV.
+        the whole output (`Engine.stream`'s arguments). Leaving the loop early aborts the request
+        and frees its KV."""
+        kw = {"tools": tools, "tool_choice": tool_choice, "parallel_tool_calls": parallel_tool_calls}
+        yield from self.iterate(
+            partial(self.engine.stream, prompt, params, request_id=request_id, deadline_s=deadline_s, **kw)
+        )
 
-        A task in the engine's loop reads the stream into a queue that this thread reads, so a
-        close() racing with the reader still hands it the request's last delta ('abort'):
-        closing lets the loop's tasks finish before the loop ends."""
-        deltas: queue.SimpleQueue = queue.SimpleQueue()
+    def run(self, fn, *args):
+        """`await fn(*args)` in the engine's event loop, blocking until it returns: a seam for code
+        built on the async engine (`tokenrouter.openai`'s sync client) to run on this one."""
+        return self._loop.call(fn, *args)
+
+    def iterate(self, factory) -> Iterator:
+        """The items of the async iterator `factory()` makes, run in the engine's loop, blocking
+        until each. Leaving early cancels it (a stream's request is then aborted).
+
+        A task in the engine's loop reads the iterator into a queue that this thread reads, so a
+        close() racing with the reader still hands it the last item: closing lets the loop's tasks
+        finish before the loop ends."""
+        items: queue.SimpleQueue = queue.SimpleQueue()
 
         async def pump() -> None:
             try:
-                async for delta in self.engine.stream(prompt, params, request_id=request_id):
-                    deltas.put(delta)
+                async for item in factory():
+                    items.put(item)
             except Exception as e:  # bad input (checked at the first read, as Engine.stream does), a dead worker
-                deltas.put(_Failed(e))
+                items.put(_Failed(e))
             finally:
-                deltas.put(_END)
+                items.put(_END)
 
         task = self._loop.start(pump)
         try:
-            while (item := deltas.get()) is not _END:
+            while (item := items.get()) is not _END:
                 if isinstance(item, _Failed):
                     raise item.error
                 yield item
         finally:
-            task.cancel()  # leaving early: the task's stream is closed, which aborts the request
+            task.cancel()  # leaving early: the task's iterator is closed, which aborts a stream's request
 
     def abort(self, request_id: str) -> None:
         """End a request early (a stream read in another thread): it ends with 'abort'."""

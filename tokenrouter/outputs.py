@@ -89,7 +89,8 @@ class RequestOutput:
 class StreamDelta:
     """New output of a stream. The last delta has `finish_reason` set (its text may be empty) and
     carries the whole `output`, with the routing record. `logprobs` (when asked) holds one entry
-    per token of `token_ids`."""
+    per token of `token_ids`. With tools, `tool_calls` holds the calls whose block closed in this
+    delta, whole; a call's raw text never appears in `text`."""
 
     request_id: str
     text: str
@@ -100,3 +101,4 @@ class StreamDelta:
     output: RequestOutput | None = None
     index: int = 0  # which sample of an n > 1 request
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list[ToolCall] = field(default_factory=list)

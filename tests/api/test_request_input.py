@@ -12,6 +12,7 @@ import anyio.from_thread
 import pytest
 
 from tokenrouter import (
+    ContextLengthExceededError,
     Engine,
     InvalidRequestError,
     ModelSpec,
@@ -71,7 +72,8 @@ PROMPT_REJECTED = [
     ("content-missing", [{"role": "user"}], "prompt[0].content", "must be a string"),
     ("content-none-user", [_msg(content=None)], "prompt[0].content", "must be a string"),
     ("content-int", [_msg(content=3)], "prompt[0].content", "must be a string"),
-    ("content-parts", [_msg(content=[{"type": "text", "text": "hi"}])], "prompt[0].content", "must be a string"),
+    ("content-image", [_msg(content=[{"type": "image_url", "image_url": {}}])], "prompt[0].content[0]", "text part"),
+    ("content-part-str", [_msg(content=["hi"])], "prompt[0].content[0]", "must be a text part"),
     ("content-surrogate", [_msg(content="\udfff")], "prompt[0].content", "lone surrogate"),
     ("content-nul", [_msg(content="a\x00")], "prompt[0].content", "NUL"),
     ("message-str", [_msg(), "hi"], "prompt[1]", "must be a dict, got str"),
@@ -159,7 +161,9 @@ def _rejected(running, monkeypatch, how, prompt, params, request_id, field, frag
     monkeypatch.setattr(worker, "submit", spy)
     with pytest.raises(TokenRouterError) as e:
         portal.call(_consume, engine, how, prompt, params, request_id)
-    assert type(e.value) is InvalidRequestError, f"{type(e.value).__name__}: {e.value}"
+    assert isinstance(e.value, InvalidRequestError), f"{type(e.value).__name__}: {e.value}"
+    too_long = "context holds" in str(e.value)  # a kind a caller tells apart (context_length_exceeded)
+    assert (type(e.value) is ContextLengthExceededError) is too_long, f"{type(e.value).__name__}: {e.value}"
     assert e.value.field == field, str(e.value)
     assert str(e.value).startswith(f"{field}: ") and fragment in str(e.value), str(e.value)
     # none reaches a worker

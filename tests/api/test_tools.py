@@ -187,13 +187,8 @@ def test_tools_need_chat_messages_and_a_template_that_renders_them(tool_pair):
                 await e.generate("plain text", tools=TOOLS)
             assert info.value.field == "tools"
             with pytest.raises(InvalidRequestError) as info:
-                await e.chat(
-                    [{"role": "user", "content": "x"}],
-                    tools=TOOLS,
-                    tool_choice="required",
-                    params=SamplingParams(response_format={"type": "json_object"}),
-                )
-            assert info.value.field == "tool_choice", str(info.value)
+                await e.chat([{"role": "user", "content": "x"}], tools=TOOLS, parallel_tool_calls="no")
+            assert info.value.field == "parallel_tool_calls", str(info.value)
             assert e.stats()["m"].steps == 0
 
     anyio.run(main)
@@ -253,6 +248,115 @@ def test_auto_and_none_are_not_constrained(tool_pair):
     assert auto.token_ids == free.token_ids == none.token_ids  # the tools are rendered either way, nothing masked
     assert none.content is None and none.tool_calls == []
     assert auto.content is not None
+
+
+def test_tools_with_a_response_format_give_calls_or_the_schema(tool_pair, tokenizer):
+    """openai-agents sends its output type as response_format with the tools on every turn: under
+    "auto" the grammar is one or more calls or a JSON value of the schema, nothing else; under
+    "required" calls only; with parallel_tool_calls=False at most one call. The grammar is
+    checked on strings; sampled outputs (this random pair starts with "{" far more often than
+    "<") are each one of the branches."""
+    import xgrammar as xgr
+
+    from tokenrouter.structured.compiler import GrammarCompiler, format_of
+
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
+    call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
+    tools, parser = normalize_tools(TOOLS), HermesToolCallParser(["add", "weather"])
+    fmt = SamplingParams(response_format=schema).response_format
+    compiler = GrammarCompiler(tokenizer, len(tokenizer), [tokenizer.eos_token_id])
+
+    def accepts(text: str, tool_choice="auto", parallel=True) -> bool:
+        tag = parser.structural_tag(tools, tool_choice, parallel, format_of(fmt) if tool_choice == "auto" else None)
+        matcher = xgr.GrammarMatcher(compiler.compile_structural_tag(tag))
+        return matcher.accept_string(text) and matcher.is_completed()
+
+    assert accepts('{"answer":42}') and accepts(call) and accepts(call + "\n" + call)
+    assert not accepts("hello") and not accepts('{"answer": "x"}') and not accepts('{"answer":4}' + call)
+    assert not accepts('{"answer":42}', "required") and accepts(call, "required")
+    assert accepts(call, "required", parallel=False) and not accepts(call + "\n" + call, "required", parallel=False)
+    params = [SamplingParams(temperature=1.0, seed=i, max_tokens=120, response_format=schema) for i in range(8)]
+    for out in _serve(tool_pair, RStitch(tau=TINY_PAIR_TAU), [{"role": "user", "content": "Answer."}], params):
+        if out.tool_calls:
+            assert out.text.startswith("<tool_call>") and out.content == "", out.text
+        elif out.finish_reason == "stop":
+            assert isinstance(json.loads(out.text)["answer"], int), out.text
+    messages = [{"role": "user", "content": "Use one tool."}]
+    one = _serve(tool_pair, EveryK(2), messages, params[:6], tool_choice="required", parallel_tool_calls=False)
+    assert all(len(o.tool_calls) == 1 and o.finish_reason == "stop" for o in one), [o.text for o in one]
+
+
+def test_streamed_tool_calls_come_whole_and_never_as_text(tool_pair):
+    """A stream's tool calls arrive in `delta.tool_calls`, each whole, in the delta where its block
+    closed; the deltas' text is the answer without them, and the final output holds the same
+    calls (the same ids)."""
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=160)
+
+    async def main():
+        specs = {m: ModelSpec(path=p) for m, p in tool_pair.items()}
+        async with Engine(models=specs, policy=RStitch(tau=TINY_PAIR_TAU)) as e:
+            deltas = [
+                d
+                async for d in e.stream(
+                    [{"role": "user", "content": "Use a tool."}], params, tools=TOOLS, tool_choice="required"
+                )
+            ]
+            await wait_all_free(e)
+            return deltas
+
+    deltas = anyio.run(main)
+    final = deltas[-1].output
+    streamed = [c for d in deltas for c in d.tool_calls]
+    assert streamed and [c.id for c in streamed] == [c.id for c in final.tool_calls]
+    assert "<tool_call>" not in "".join(d.text for d in deltas)
+    assert "".join(d.text for d in deltas).strip() == final.content
+
+
+def test_the_tool_call_stream_holds_back_what_may_open_a_call():
+    from tokenrouter.api.tool_calls import ToolCallStream
+
+    stream = ToolCallStream(HermesToolCallParser(["add"]))
+    pieces = [
+        "Let me add. <to",
+        "ol_c",
+        'all>\n{"name": "add", "arguments": {"a": 1, "b"',
+        ": 2}}\n</tool_call>",
+        " Done <",
+    ]
+    got = [stream.feed(p) for p in pieces] + [stream.feed("", final=True)]
+    assert [text for text, _ in got] == ["Let me add. ", "", "", "", " Done ", "<"]
+    assert [c.arguments for _, calls in got for c in calls] == [{"a": 1, "b": 2}]
+    bad = ToolCallStream(HermesToolCallParser(["add"]))  # a block that is no call stays text
+    assert bad.feed("<tool_call>not json</tool_call>x", final=True) == ("<tool_call>not json</tool_call>x", [])
+
+
+def test_a_deadline_ends_the_request_and_frees_its_kv(tool_pair):
+    async def main():
+        async with Engine(models={"m": tool_pair["small"]}) as e:
+            out = await e.generate("x", SamplingParams(max_tokens=4000, ignore_eos=True), deadline_s=0.3)
+            await wait_all_free(e)
+            assert out.finish_reason == "abort" and "deadline_s=0.3" in out.error
+            assert 0 < len(out.token_ids) < 4000 and e.metrics().requests["abort"] == 1
+            with pytest.raises(InvalidRequestError, match="deadline_s"):
+                await e.generate("x", deadline_s=0)
+
+    anyio.run(main)
+
+
+def test_content_parts_and_json_string_arguments_reach_the_template_as_objects(tokenizer):
+    from tokenrouter.api.prompts import chat_ids
+
+    call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
+    as_object = {**call, "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}
+    parts = [{"type": "text", "text": "Add "}, {"type": "text", "text": "them."}]
+    given = [{"role": "user", "content": parts}, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    plain = [
+        {"role": "user", "content": "Add them."},
+        {"role": "assistant", "content": None, "tool_calls": [as_object]},
+    ]
+    assert chat_ids(tokenizer, given, TOOLS) == chat_ids(tokenizer, plain, TOOLS)
+    text = tokenizer.decode(chat_ids(tokenizer, given, TOOLS))
+    assert '"arguments": {"a": 1, "b": 2}' in text and '\\"a\\"' not in text  # once encoded, not twice
 
 
 # ---- the agent loop -------------------------------------------------------------------------

@@ -32,15 +32,21 @@ from ..policies import Policy
 from ..structured.compiler import GrammarCompiler
 from .input_processor import InputProcessor, params_per_prompt
 from .launch import Launcher
-from .output_processor import OutputProcessor
 from .prompts import Prompt
-from .request_tracker import RequestTracker, parse_tool_calls
+from .request_tracker import RequestTracker
 from .setup import check_tokenizers, plan_engine
 from .tool_calls import ToolCallParser, ToolChoice
 
 log = logging.getLogger(__name__)
 
 NOT_RUNNING = "the engine is not running: use `async with Engine(...)` or `await start()`"
+
+
+def check_deadline(deadline_s) -> None:
+    if deadline_s is None:
+        return
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < float("inf"):
+        raise InvalidRequestError("deadline_s", f"must be a number of seconds > 0, got {deadline_s!r}")
 
 
 @dataclass
@@ -186,10 +192,16 @@ class Engine:
             self.tracker.end_all(stuck[0], f"the engine closed while worker(s) {stuck} were stuck")
 
     # ---- requests --------------------------------------------------------------------------
-    async def prepare(self, prompt, params, request_id, tools, tool_choice):
+    async def prepare(self, prompt, params, request_id, tools, tool_choice, parallel_tool_calls=True):
         if not self.running:
             raise EngineNotRunningError(NOT_RUNNING)
-        return await self.inputs.prepare(prompt, params, request_id, tools, tool_choice)
+        return await self.inputs.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
+
+    @property
+    def tokenizer(self):
+        """The entry model's tokenizer (every routed model shares its vocabulary): token ids to
+        text, for logprobs' token strings; None before the engine has started."""
+        return self.loaded[self.policy.entry_model].tokenizer if self.loaded else None
 
     async def generate(
         self,
@@ -199,6 +211,8 @@ class Engine:
         request_id: str | None = None,
         tools: list[dict] | None = None,
         tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> RequestOutput:
         """Run a request to its end. A failed request returns finish_reason 'error' with `error` set.
 
@@ -206,10 +220,13 @@ class Engine:
         chat template, and the calls the model makes come back parsed in `tool_calls`.
         `tool_choice`: "auto" (the model decides, unconstrained), "none" (nothing parsed),
         "required" or {"type": "function", "function": {"name": NAME}}: the output is constrained
-        to calls whose arguments follow the tools' schemas. With `params.n > 1`, the output is
-        the first sample's and `completions` holds every sample."""
-        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice)
-        return await self.run(reqs, parser)
+        to calls whose arguments follow the tools' schemas. `parallel_tool_calls=False`: at most
+        one call. With `params.response_format` under "auto", the output is either calls or that
+        format. `deadline_s`: past it the request ends with finish_reason 'abort'. With
+        `params.n > 1`, the output is the first sample's and `completions` holds every sample."""
+        check_deadline(deadline_s)
+        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
+        return await self.run(reqs, parser, deadline_s)
 
     async def generate_batch(
         self,
@@ -218,17 +235,20 @@ class Engine:
         *,
         tools: list[dict] | None = None,
         tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> list[RequestOutput]:
         """Run every prompt at once, so the workers batch them; the outputs in prompt order.
-        `params` is one SamplingParams for all, or one per prompt; `tools` as for `generate`, for
-        every prompt. Every request is checked before any is submitted: a bad one raises the error
-        `generate` would, saying which request, and none runs."""
+        `params` is one SamplingParams for all, or one per prompt; the other arguments as for
+        `generate`, for every prompt. Every request is checked before any is submitted: a bad one
+        raises the error `generate` would, saying which request, and none runs."""
+        check_deadline(deadline_s)
         each = params_per_prompt(prompts, params)
         n = len(prompts)
         prepared = []
         for i, (prompt, p) in enumerate(zip(prompts, each)):
             try:
-                prepared.append(await self.prepare(prompt, p, None, tools, tool_choice))
+                prepared.append(await self.prepare(prompt, p, None, tools, tool_choice, parallel_tool_calls))
             except InvalidRequestError as e:
                 raise InvalidRequestError(e.field, f"{e.message} (request {i} of {n})") from e
         outs: list[RequestOutput | None] = [None] * n
@@ -236,7 +256,7 @@ class Engine:
 
         async def one(i: int) -> None:
             try:
-                outs[i] = await self.run(*prepared[i])
+                outs[i] = await self.run(*prepared[i], deadline_s)
             except Exception as e:  # e.g. a worker died: raised as itself, not in an exception group
                 errors.append(e)
                 tg.cancel_scope.cancel()  # the others end with the call
@@ -248,17 +268,14 @@ class Engine:
             raise errors[0]
         return outs  # type: ignore[return-value]
 
-    async def run(self, reqs, parser: ToolCallParser | None) -> RequestOutput:
+    async def run(self, reqs, parser: ToolCallParser | None, deadline_s: float | None = None) -> RequestOutput:
         """A request (its samples) to its end: the first sample's output, with every sample's."""
-        procs: dict[int, OutputProcessor] = {}
-        async for i, _, proc in self.tracker.follow(reqs, parser):
+        procs, finals = {}, {}
+        async for i, delta, proc in self.tracker.follow(reqs, parser, deadline_s):
             procs[i] = proc
-        outs = []
-        for i in range(len(reqs)):  # each sample's last delta came with its end
-            out = procs[i].output()
-            if parser is not None:
-                parse_tool_calls(out, parser)
-            outs.append(out)
+            if delta.output is not None:  # each sample's last delta, its tool calls taken out
+                finals[i] = delta.output
+        outs = [finals[i] if i in finals else procs[i].output() for i in range(len(reqs))]
         if len(outs) > 1:  # the first sample, and every sample (the first as a copy: no cycle)
             outs[0].completions = [dataclasses.replace(outs[0], completions=[])] + outs[1:]
         return outs[0]
@@ -271,15 +288,25 @@ class Engine:
         tools: list[dict] | None = None,
         tool_choice: ToolChoice = "auto",
         request_id: str | None = None,
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> RequestOutput:
-        """`generate` for a conversation: `messages` are chat messages, `tools` as for `generate`."""
+        """`generate` for a conversation: `messages` are chat messages, the rest as for `generate`."""
         if (
             isinstance(messages, str)
             or not isinstance(messages, list)
             or not all(isinstance(m, Mapping) for m in messages)
         ):
             raise InvalidRequestError("messages", "must be a list of chat message dicts")
-        return await self.generate(messages, params, request_id=request_id, tools=tools, tool_choice=tool_choice)
+        return await self.generate(
+            messages,
+            params,
+            request_id=request_id,
+            tools=tools,
+            tool_choice=tool_choice,
+            parallel_tool_calls=parallel_tool_calls,
+            deadline_s=deadline_s,
+        )
 
     async def stream(
         self,
@@ -289,12 +316,16 @@ class Engine:
         request_id: str | None = None,
         tools: list[dict] | None = None,
         tool_choice: ToolChoice = "auto",
+        parallel_tool_calls: bool = True,
+        deadline_s: float | None = None,
     ) -> AsyncIterator[StreamDelta]:
         """Yield text as it is produced; the last delta carries finish_reason. Leaving early aborts.
-        With `params.n > 1` the samples' deltas interleave, each with its `index`, and each
-        sample has its own last delta."""
-        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice)
-        follow = self.tracker.follow(reqs, parser)
+        With tools, each call comes whole in the delta where it closed (`delta.tool_calls`), never
+        as text; the other arguments as for `generate`. With `params.n > 1` the samples' deltas
+        interleave, each with its `index`, and each sample has its own last delta."""
+        check_deadline(deadline_s)
+        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
+        follow = self.tracker.follow(reqs, parser, deadline_s)
         try:
             async for _, delta, _ in follow:
                 yield delta

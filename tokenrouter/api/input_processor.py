@@ -18,7 +18,7 @@ from ..engine.model.loader import LoadedModel
 from ..engine.sequence import Request
 from ..engine.worker.protocol import Worker
 from ..errors import EngineNotRunningError, InvalidRequestError
-from ..structured.compiler import GrammarCompiler
+from ..structured.compiler import GrammarCompiler, format_of
 from .prompts import Prompt, encode_prompt
 from .tool_calls import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
 
@@ -39,26 +39,36 @@ class InputProcessor:
         self.in_use = in_use  # whether a request id is taken
 
     async def prepare(
-        self, prompt: Prompt, params: SamplingParams | None, request_id: str | None, tools, tool_choice: ToolChoice
+        self,
+        prompt: Prompt,
+        params: SamplingParams | None,
+        request_id: str | None,
+        tools,
+        tool_choice: ToolChoice,
+        parallel_tool_calls: bool = True,
     ) -> tuple[list[Request], ToolCallParser | None]:
         """A checked request (its grammar compiled) and its n samples: the first keeps the id and
-        the seed, the others get `<id>/<i>` and seeds of their own; and the tool-call parser."""
+        the seed, the others get `<id>/<i>` and seeds of their own; and the tool-call parser.
+
+        The grammar: a response format alone; with tools, calls as `tool_choice` says (forced
+        for "required" or a named function), at most one where `parallel_tool_calls` is False,
+        and under "auto" with a response format, either calls or that format (agent frameworks
+        send their output type with the tools on every turn)."""
         if tools is not None:
             tools = normalize_tools(tools)
         tool_choice = check_tool_choice(tool_choice, tools)
-        if constrains(tool_choice) and isinstance(params, SamplingParams) and params.response_format is not None:
-            raise InvalidRequestError(
-                "tool_choice", f"{tool_choice!r} constrains the output, and so does response_format"
-            )
+        if not isinstance(parallel_tool_calls, bool):
+            raise InvalidRequestError("parallel_tool_calls", f"must be True or False, got {parallel_tool_calls!r}")
         req = self.new_request(prompt, params, request_id, tools)
         self.check_admissible(req)
         parser = parser_for(self.entry.tokenizer, tools) if tools is not None and tool_choice != "none" else None
         fmt = req.params.response_format
-        if fmt is not None:
-            req.grammar = await anyio.to_thread.run_sync(self.grammars.compile, fmt)
-        elif parser is not None and constrains(tool_choice):
-            tag = parser.structural_tag(tools, tool_choice)
+        if parser is not None and (constrains(tool_choice) or fmt is not None or not parallel_tool_calls):
+            alternative = format_of(fmt) if fmt is not None and tool_choice == "auto" else None
+            tag = parser.structural_tag(tools, tool_choice, parallel_tool_calls, alternative)
             req.grammar = await anyio.to_thread.run_sync(self.grammars.compile_structural_tag, tag)
+        elif fmt is not None:
+            req.grammar = await anyio.to_thread.run_sync(self.grammars.compile, fmt)
         samples = [req] + [
             dataclasses.replace(req, request_id=f"{req.request_id}/{i}", seed=sample_seed(req.seed, i))
             for i in range(1, req.params.n)

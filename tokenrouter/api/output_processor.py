@@ -95,6 +95,17 @@ class OutputProcessor:
             self.req.request_id, "", [], None, "error", error, self.output(), [] if self.logprobs is not None else None
         )
 
+    def expire(self, why: str) -> StreamDelta:
+        """End the output here with 'abort' (its deadline passed), before the workers have
+        confirmed: `worker_done` waits for their word. The last delta carries the rest of the text."""
+        self.finish_reason, self.error = "abort", why
+        self.t_end = time.monotonic()
+        self._append_text(self.detok.flush())
+        delta_text = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        logprobs = [] if self.logprobs is not None else None
+        return StreamDelta(self.req.request_id, delta_text, [], None, "abort", why, self.output(), logprobs=logprobs)
+
     def _add_tokens(self, ids: list[int]) -> list[int]:
         """Take the event's tokens (several when a verifier accepts drafts); return those kept.
         With stop strings, one token at a time: the output ends at the token whose text completes

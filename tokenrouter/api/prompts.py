@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
-from ..errors import InvalidRequestError
+from ..errors import ContextLengthExceededError, InvalidRequestError
 
 ChatMessage = Mapping[str, object]
 Prompt = str | Sequence[int] | Sequence[ChatMessage]
@@ -34,13 +34,59 @@ def _check_messages(messages: Sequence[ChatMessage]) -> None:
                 f"prompt[{i}].role", f"unknown role {role!r}; expected one of {sorted(CHAT_ROLES)}"
             )
         content = m.get("content")
-        if not isinstance(content, str) and not (role == "assistant" and content is None):
-            raise InvalidRequestError(f"prompt[{i}].content", "must be a string")
+        if isinstance(content, Sequence) and not isinstance(content, (str, bytes)):
+            _text_parts(f"prompt[{i}].content", content)
+        elif not isinstance(content, str) and not (role == "assistant" and content is None):
+            raise InvalidRequestError(f"prompt[{i}].content", "must be a string or a list of text parts")
         if isinstance(content, str):
             _check_text(f"prompt[{i}].content", content)
         calls = m.get("tool_calls")
         if calls is not None:
             _check_tool_calls(f"prompt[{i}].tool_calls", role, calls)
+
+
+def _text_parts(field: str, parts: Sequence) -> str:
+    """A content given as parts (OpenAI's `[{"type": "text", "text": ...}]`), checked, as one
+    string: the parts joined as they come (OpenAI concatenates them)."""
+    texts = []
+    for j, part in enumerate(parts):
+        kind = part.get("type") if isinstance(part, Mapping) else None
+        if kind != "text" or not isinstance(part.get("text"), str):
+            what = f"a {kind!r} part" if isinstance(kind, str) else f"{type(part).__name__}"
+            raise InvalidRequestError(
+                f"{field}[{j}]", f'must be a text part {{"type": "text", "text": ...}}, not {what}'
+            )
+        _check_text(f"{field}[{j}].text", part["text"])
+        texts.append(part["text"])
+    return "".join(texts)
+
+
+def template_messages(messages: Sequence[Mapping]) -> list[dict]:
+    """The messages as chat templates read them: content given as text parts joined into one
+    string, and a tool call's `arguments` given as a JSON string (as OpenAI's clients send them)
+    parsed into the object a template writes out; otherwise as given."""
+    out = []
+    for m in messages:
+        m = dict(m)
+        if isinstance(m.get("content"), Sequence) and not isinstance(m["content"], str):
+            m["content"] = "".join(part["text"] for part in m["content"])
+        if m.get("tool_calls"):
+            m["tool_calls"] = [_arguments_as_object(c) for c in m["tool_calls"]]
+        out.append(m)
+    return out
+
+
+def _arguments_as_object(call: Mapping) -> dict:
+    import json
+
+    call, fn = dict(call), dict(call["function"])
+    if isinstance(fn.get("arguments"), str):
+        try:
+            fn["arguments"] = json.loads(fn["arguments"])
+        except json.JSONDecodeError:
+            pass  # not JSON: the template writes the string as it is
+    call["function"] = fn
+    return call
 
 
 def _check_tool_calls(field: str, role: str, calls) -> None:
@@ -66,7 +112,7 @@ def chat_ids(tokenizer, messages: Sequence[Mapping], tools: list[dict] | None = 
     return [
         int(i)
         for i in tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
+            template_messages(messages), tools=tools, add_generation_prompt=True, tokenize=True, return_dict=False
         )
     ]
 
@@ -120,7 +166,7 @@ def encode_prompt(
     if not ids:
         raise InvalidRequestError("prompt", "encodes to zero tokens")
     if len(ids) >= max_model_len:
-        raise InvalidRequestError(
+        raise ContextLengthExceededError(
             "prompt", f"is {len(ids)} tokens; the model's context holds {max_model_len}, leaving no room to generate"
         )
     return ids

@@ -10,7 +10,10 @@ aborts the request everywhere, so its KV blocks are freed in every worker.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
+
+import anyio
 
 from ..engine.outbox import WorkerEvent
 from ..engine.sequence import Request
@@ -20,7 +23,7 @@ from ..outputs import RequestOutput, StreamDelta
 from ..policies import Policy
 from .output_processor import OutputProcessor
 from .request_channel import RequestChannel
-from .tool_calls import ToolCallParser
+from .tool_calls import ToolCallParser, ToolCallStream
 
 log = logging.getLogger(__name__)
 
@@ -63,15 +66,18 @@ class RequestTracker:
             channel.push(WorkerEvent(rid, [], model, finish_reason="abort", error=error))
 
     async def follow(
-        self, reqs: list[Request], parser: ToolCallParser | None = None
+        self, reqs: list[Request], parser: ToolCallParser | None = None, deadline_s: float | None = None
     ) -> AsyncIterator[tuple[int, StreamDelta, OutputProcessor]]:
         """Submit a request, or the samples of an n > 1 request, and yield (sample, delta, its
         processor) until each has ended on every worker. Samples after the first are submitted
         once a worker has reported on the first, that is after its entry model took the prompt in,
         so they find the prompt's full blocks in the prefix cache instead of computing them again.
-        All of them share one channel."""
+        All of them share one channel. With a tool-call `parser`, each delta's calls are taken out
+        of its text as they close (`ToolCallStream`). Past `deadline_s` seconds every sample not
+        yet ended ends with 'abort' (its error says why), and is aborted in every worker."""
         channel = RequestChannel(reqs[0].request_id)
         procs: dict[str, tuple[int, OutputProcessor]] = {}
+        calls = [ToolCallStream(parser) for _ in reqs] if parser is not None else None  # per sample
         for i, req in enumerate(reqs):
             self.channels[req.request_id] = channel
             self.requests[req.request_id] = req
@@ -82,11 +88,33 @@ class RequestTracker:
         aborted: set[str] = set()
         submitted: list[OutputProcessor] = []
         later = reqs[1:]
+        deadline = math.inf if deadline_s is None else anyio.current_time() + deadline_s
+
+        def ready(i: int, delta: StreamDelta) -> StreamDelta:
+            delta.index = i
+            if calls is not None:
+                delta.text, delta.tool_calls = calls[i].feed(delta.text, final=delta.output is not None)
+                if delta.output is not None:
+                    calls[i].finish(delta.output)
+            return delta
+
         try:
             self.submit(reqs[0])
             submitted.append(procs[reqs[0].request_id][1])
             while not all(p.worker_done for _, p in procs.values()):
-                events = await channel.get()
+                events = None
+                with anyio.move_on_after(deadline - anyio.current_time()):
+                    events = await channel.get()
+                if events is None:  # the deadline passed: end what has not ended, here and everywhere
+                    deadline, later = math.inf, []
+                    for i, proc in procs.values():
+                        self.abort_everywhere(proc.req)
+                        aborted.add(proc.req.request_id)
+                        if proc not in submitted:
+                            proc.worker_done = True  # never sent: no KV anywhere
+                        if not proc.done:
+                            yield i, ready(i, proc.expire(f"deadline_s={deadline_s} passed")), proc
+                    continue
                 if later:  # the first sample's first report: its prompt is in the entry model's cache
                     for req in later:
                         self.submit(req)
@@ -96,10 +124,7 @@ class RequestTracker:
                     i, proc = procs[ev.request_id]
                     delta = self.process(proc, ev)
                     if delta is not None:
-                        delta.index = i
-                        if delta.output is not None and parser is not None:
-                            parse_tool_calls(delta.output, parser)
-                        yield i, delta, proc
+                        yield i, ready(i, delta), proc
                 for rid, (_, proc) in procs.items():
                     if proc.done and not proc.worker_done and rid not in aborted:
                         self.abort_everywhere(proc.req)  # a stop string or a failure here ended it
@@ -151,7 +176,3 @@ class RequestTracker:
             req = self.requests.get(rid)
             if req is not None:
                 self.abort_everywhere(req)
-
-
-def parse_tool_calls(out: RequestOutput, parser: ToolCallParser) -> None:
-    out.content, out.tool_calls = parser.parse(out.text)

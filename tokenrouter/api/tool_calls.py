@@ -95,9 +95,12 @@ def constrains(tool_choice: ToolChoice) -> bool:
 
 class ToolCallParser:
     """One chat format's tool calls: how to find them in text, and the structural tag that
-    constrains them. Subclass it for another format. `tool_names`: the tools offered."""
+    constrains them. Subclass it for another format. `tool_names`: the tools offered. A format
+    whose calls sit between an `open_tag` and a `close_tag` streams them (`ToolCallStream`)."""
 
     name = ""
+    open_tag = ""
+    close_tag = ""
 
     def __init__(self, tool_names: Sequence[str] = ()):
         self.tool_names = frozenset(tool_names)
@@ -106,8 +109,14 @@ class ToolCallParser:
         """(the text without the calls, the calls) of a model's answer."""
         raise NotImplementedError
 
-    def structural_tag(self, tools: list[dict], tool_choice: ToolChoice):
-        """An xgrammar structural tag that forces calls as `tool_choice` says, arguments under the tools' schemas."""
+    def parse_block(self, body: str) -> ToolCall | None:
+        """The call between one open and close tag, or None where it is not one."""
+        raise NotImplementedError
+
+    def structural_tag(self, tools: list[dict], tool_choice: ToolChoice, parallel: bool = True, alternative=None):
+        """An xgrammar structural tag: calls as `tool_choice` says, arguments under the tools'
+        schemas; with `parallel` False at most one call; with `alternative` (an xgrammar format:
+        a response format's) under "auto", either one or more calls or that format."""
         raise NotImplementedError
 
 
@@ -119,6 +128,7 @@ class HermesToolCallParser(ToolCallParser):
     answer that is nothing but such an object, naming an offered tool, is read as that call."""
 
     name = "hermes"
+    open_tag, close_tag = "<tool_call>", "</tool_call>"
     BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
     WHOLE = re.compile(r"^(?:```(?:json)?\s*)?(\{.*\})\s*(?:```)?$", re.DOTALL)
 
@@ -132,7 +142,7 @@ class HermesToolCallParser(ToolCallParser):
         kept: list[str] = []
         last = 0
         for m in self.BLOCK.finditer(text):
-            call = _call_from_json(m.group(1))
+            call = self.parse_block(m.group(1))
             if call is None:  # not a call we can read: leave it in the text
                 continue
             kept.append(text[last : m.start()])
@@ -141,8 +151,12 @@ class HermesToolCallParser(ToolCallParser):
         kept.append(text[last:])
         return "".join(kept).strip(), calls
 
-    def structural_tag(self, tools: list[dict], tool_choice: ToolChoice):
+    def parse_block(self, body: str) -> ToolCall | None:
+        return _call_from_json(body.strip())
+
+    def structural_tag(self, tools: list[dict], tool_choice: ToolChoice, parallel: bool = True, alternative=None):
         import xgrammar as xgr
+        from xgrammar.structural_tag import OrFormat, TagsWithSeparatorFormat
 
         # xgrammar's "qwen_3" format is this one (the Hermes block); no reasoning section. At most
         # one whitespace character between JSON tokens: a weak model may otherwise write spaces
@@ -150,12 +164,78 @@ class HermesToolCallParser(ToolCallParser):
         tag = xgr.get_model_structural_tag(
             "qwen_3", tools=tools, tool_choice=tool_choice, reasoning="disabled", max_whitespace_cnt=1
         )
-        if tool_choice == "required":  # calls only, one or more, one per line: no text around them
-            from xgrammar.structural_tag import TagsWithSeparatorFormat
+        fmt = tag.format
+        if tool_choice == "required" or (tool_choice == "auto" and alternative is not None):
+            # calls only, one or more, one per line: no text around them (or, under "auto" with a
+            # response format, the format instead: openai-agents sends its output type on every call)
+            fmt = TagsWithSeparatorFormat(tags=fmt.tags, separator="\n", at_least_one=True)
+        if not parallel and hasattr(fmt, "stop_after_first"):
+            fmt = fmt.model_copy(update={"stop_after_first": True})
+        if tool_choice == "auto" and alternative is not None:
+            fmt = OrFormat(elements=[fmt, alternative])
+        return xgr.StructuralTag(format=fmt)
 
-            tags = TagsWithSeparatorFormat(tags=tag.format.tags, separator="\n", at_least_one=True)
-            tag = xgr.StructuralTag(format=tags)
-        return tag
+
+class ToolCallStream:
+    """A stream's text with its tool calls taken out as they close: text that may begin a call's
+    open tag is held back until it does not, a call's block until its close tag, so a caller never
+    sees a call's raw text, and each call comes whole (as OpenAI's servers stream them, one delta a
+    call). What it streamed is what the output holds in the end (`finish`)."""
+
+    def __init__(self, parser: ToolCallParser):
+        self.parser = parser
+        self.held = ""  # text not yet streamed: a possible open tag, or an open call's block
+        self.content: list[str] = []  # the text streamed
+        self.calls: list[ToolCall] = []
+
+    def feed(self, text: str, final: bool = False) -> tuple[str, list[ToolCall]]:
+        """(text to stream now, calls that closed) after `text`; `final`: the stream's end."""
+        self.held += text
+        out, calls = [], []
+        open_tag, close_tag = self.parser.open_tag, self.parser.close_tag
+        while self.held:
+            start = self.held.find(open_tag)
+            if start < 0:
+                keep = 0 if final else _partial_suffix(self.held, open_tag)
+                out.append(self.held[: len(self.held) - keep])
+                self.held = self.held[len(self.held) - keep :]
+                break
+            out.append(self.held[:start])
+            end = self.held.find(close_tag, start + len(open_tag))
+            if end < 0:
+                if final:  # a call never closed: it is text
+                    out.append(self.held[start:])
+                    self.held = ""
+                else:
+                    self.held = self.held[start:]
+                break
+            block = self.held[start : end + len(close_tag)]
+            call = self.parser.parse_block(self.held[start + len(open_tag) : end])
+            if call is None:
+                out.append(block)  # not a call we can read: it stays text, as `parse` leaves it
+            else:
+                calls.append(call)
+            self.held = self.held[end + len(close_tag) :]
+        streamed = "".join(out)
+        self.content.append(streamed)
+        self.calls.extend(calls)
+        return streamed, calls
+
+    def finish(self, output) -> None:
+        """Set the output's `content` and `tool_calls` to what was streamed; where no call was
+        streamed, the parser's reading of the whole text (a bare JSON call, as small models write)."""
+        if self.calls:
+            output.content, output.tool_calls = "".join(self.content).strip(), list(self.calls)
+        else:
+            output.content, output.tool_calls = self.parser.parse(output.text)
+
+
+def _partial_suffix(text: str, tag: str) -> int:
+    """The length of the longest end of `text` that begins `tag` (0 if none)."""
+    for n in range(min(len(tag) - 1, len(text)), 0, -1):
+        if tag.startswith(text[-n:]):
+            return n
+    return 0
 
 
 def _call_from_json(body: str) -> ToolCall | None:

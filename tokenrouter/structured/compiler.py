@@ -60,6 +60,33 @@ class GrammarCompiler:
             raise InvalidRequestError(field, f"does not compile: {_first_line(e)}") from None
 
 
+def format_of(fmt: ResponseFormat):
+    """A response format as an xgrammar structural-tag format, to combine with tool calls (a
+    tool call OR the format): JSON Schema (compact as the format says), a regex, or a grammar
+    whose root rule is `root`."""
+    import xgrammar as xgr
+    from xgrammar.structural_tag import GrammarFormat, JSONSchemaFormat, RegexFormat
+
+    if isinstance(fmt, JsonSchema):
+        schema = fmt.json_schema if fmt.json_schema is not None else {"type": "object"}
+        if not fmt.compact:
+            return JSONSchemaFormat(json_schema=schema)
+        try:  # compact JSON has no structural-tag style of its own: its grammar, as `compile` makes it
+            grammar = xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, separators=(",", ":"))
+        except Exception as e:
+            raise InvalidRequestError("response_format", f"does not compile: {_first_line(e)}") from None
+        return GrammarFormat(grammar=str(grammar))
+    if isinstance(fmt, Regex):
+        return RegexFormat(pattern=fmt.pattern)
+    if isinstance(fmt, Grammar):
+        if fmt.root != "root":
+            raise InvalidRequestError(
+                "response_format", f"a grammar combined with tools needs its root rule named 'root', not {fmt.root!r}"
+            )
+        return GrammarFormat(grammar=fmt.ebnf)
+    raise InvalidRequestError("response_format", f"unknown response format {type(fmt).__name__}")
+
+
 _WHERE = re.compile(r"^\[[\d:]+\] \S+:\d+: ")  # xgrammar's "[08:02:42] /project/cpp/file.cc:94: "
 
 
