@@ -24,6 +24,10 @@ ALLOWED_PRIVATE = {
     ("torch.ops.aten", "_weight_int4pack_mm_for_cpu"),
     ("torch.ops.aten", "_convert_weight_to_int4pack_for_cpu"),
     ("torch.ops.aten", "_weight_int8pack_mm"),
+    # LangChain's chat-model hooks for subclasses (langchain/chat_model.py): an override extends its parent's
+    ("super()", "_create_chat_result"),
+    ("super()", "_convert_chunk_to_generation_chunk"),
+    ("super()", "_get_ls_params"),
 }
 
 
