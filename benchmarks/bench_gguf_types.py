@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import sys
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -33,6 +32,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
 import torch
+from bench_cpu_anchor import in_own_thread
 
 from tokenrouter import Engine, SamplingParams, Single, store
 from tokenrouter.api.prompts import chat_ids
@@ -48,25 +48,6 @@ QUESTIONS = [
     "Write a Python function that merges two sorted lists into one sorted list.",
     "Write a Python class for a stack with push, pop and peek, raising on an empty pop.",
 ]
-
-
-def in_own_thread(fn):
-    """fn() in a thread that ends with it: llama.cpp's OpenMP team then ends too, rather than
-    spinning beside the engine's (see bench_cpu_anchor.py)."""
-    out: dict = {}
-
-    def run():
-        try:
-            out["result"] = fn()
-        except BaseException as e:
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join()
-    if "error" in out:
-        raise out["error"]
-    return out["result"]
 
 
 def llama_tokens(path: Path, prompts: list[list[int]], n: int) -> tuple[list[list[int]], float]:

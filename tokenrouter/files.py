@@ -58,3 +58,15 @@ def write_text_atomic(path: str | Path, text: str) -> Path:
     with atomic_path(path) as tmp:
         tmp.write_text(text)
     return Path(path)
+
+
+def rewrite_section(doc: str | Path, begin: str, end: str, section: str) -> bool:
+    """Put `section` (its markers included) in place of what lies between the markers `begin`
+    and `end` of `doc` (a generated reference in a doc); True if the doc changed."""
+    doc = Path(doc)
+    text = doc.read_text(encoding="utf-8")
+    start, stop = text.index(begin), text.index(end) + len(end)
+    new = text[:start] + section + text[stop:]
+    if new != text:
+        doc.write_text(new, encoding="utf-8")
+    return new != text

@@ -227,3 +227,12 @@ def test_duplicate_request_id_is_rejected_while_the_first_runs(running, monkeypa
     _settle(worker)
     # once it has ended, the id is free again
     assert portal.call(partial(engine.generate, [4, 5], GOOD, request_id="r1")).finish_reason == "length"
+
+
+def test_max_tokens_none_writes_the_room_the_prompt_leaves(running):
+    """`max_tokens=None` (OpenAI's default): up to the context, and never more than the smallest KV
+    pool of the models the request may visit holds."""
+    engine, portal, _ = running
+    params = SamplingParams(max_tokens=None, ignore_eos=True, temperature=0)
+    out = portal.call(engine.generate, [5, 6, 7], params)
+    assert len(out.token_ids) == MAX_MODEL_LEN - 3 and out.finish_reason == "length"

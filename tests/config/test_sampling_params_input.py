@@ -22,6 +22,7 @@ SP_OTHER = ["response_format"]  # dict and model-class shapes: tests/structured/
 SP_ACCEPTED = [
     ("max_tokens", 1),
     ("max_tokens", 10**9),
+    ("max_tokens", None),  # the room the prompt leaves
     ("temperature", 0),  # an int is a fine float
     ("temperature", 0.0),
     ("temperature", 100.0),
@@ -130,7 +131,7 @@ SP_REJECTED = (
         ("maxtokens", 16, "Extra inputs are not permitted"),
     ]
     + [(f, v, "valid integer") for f in SP_INT for v in (True, False, "3", 3.0, [3], 1e3)]
-    + [(f, None, "valid integer") for f in SP_INT if f not in ("seed", "logprobs", "prompt_logprobs")]
+    + [(f, None, "valid integer") for f in SP_INT if f not in ("seed", "logprobs", "prompt_logprobs", "max_tokens")]
     + [(f, v, "finite number") for f in SP_FLOAT for v in (NAN, INF, -INF)]
     + [(f, v, "valid number") for f in SP_FLOAT for v in (True, False, "0.5", [0.5], None)]
     + [(f, v, "valid boolean") for f in SP_BOOL for v in (1, 0, "yes", "true", None, [True])]

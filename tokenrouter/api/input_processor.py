@@ -98,13 +98,16 @@ class InputProcessor:
         if bad:
             raise InvalidRequestError("stop_token_ids", f"{bad[0]} is outside the vocabulary [0, {entry.vocab_size})")
         ids = encode_prompt(entry.tokenizer, prompt, entry.vocab_size, entry.max_model_len, tools)
+        room = entry.max_model_len - len(ids)
+        if params.max_tokens is None:  # the room left in the context and in every pool it may visit
+            room = min(room, *(self.workers[m].capacity_tokens - len(ids) for m in self.models))
         return Request(
             request_id=request_id,
             prompt_ids=ids,
             params=params,
             seed=params.seed if params.seed is not None else random.getrandbits(63),
             stop_token_ids=frozenset(params.stop_token_ids),
-            max_tokens=min(params.max_tokens, entry.max_model_len - len(ids)),
+            max_tokens=max(1, room) if params.max_tokens is None else min(params.max_tokens, room),
         )
 
     def check_admissible(self, req: Request) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from pydantic import BaseModel
 from pydantic_core import PydanticUndefined
 
+from ..files import rewrite_section
 from .engine import AutoBatchingOptions, EngineOptions
 from .model import ModelSpec, RayPlacement
 from .sampling import SamplingParams
@@ -53,12 +54,7 @@ def reference() -> str:
 
 def rewrite(doc: Path) -> bool:
     """Put the current reference between the markers of `doc`; True if it changed."""
-    text = doc.read_text(encoding="utf-8")
-    start, end = text.index(BEGIN), text.index(END) + len(END)
-    new = text[:start] + reference() + text[end:]
-    if new != text:
-        doc.write_text(new, encoding="utf-8")
-    return new != text
+    return rewrite_section(doc, BEGIN, END, reference())
 
 
 if __name__ == "__main__":

@@ -86,7 +86,13 @@ class SamplingParams(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_tokens: int = Field(256, ge=1, strict=True, description="Most tokens to generate.")
+    max_tokens: int | None = Field(
+        256,
+        ge=1,
+        strict=True,
+        description="Most tokens to generate; None: as many as the room the prompt leaves, in the context and "
+        "in the smallest KV pool of the models the request may visit (OpenAI's default).",
+    )
     temperature: float = Field(1.0, ge=0.0, le=100.0, allow_inf_nan=False, strict=True, description="0 means greedy.")
     top_k: int = Field(0, ge=0, strict=True, description="Keep the k most likely tokens; 0 disables.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, allow_inf_nan=False, strict=True, description="Nucleus mass in (0, 1].")

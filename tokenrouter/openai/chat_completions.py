@@ -15,7 +15,6 @@ import uuid
 
 import anyio
 
-from ..config import SamplingParams
 from .chunks import StreamChunks, ended_badly
 from .errors import APIError, ReadTimedOut, api_error
 from .logprobs import LogprobFormatter
@@ -51,8 +50,6 @@ class ChatCompletions:
         deadline = math.inf if read_timeout is None else anyio.current_time() + read_timeout
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         try:
-            if not req.max_tokens_given:
-                req.params = await self.with_room(req)
             if req.stream:
                 return await self.open_stream(req, request_id, deadline, read_timeout)
             return await self.complete(req, request_id, deadline)
@@ -75,19 +72,6 @@ class ChatCompletions:
         if self.formatter is None or self.formatter.tokenizer is not self.engine.tokenizer:
             self.formatter = LogprobFormatter(self.engine.tokenizer)
         return self.formatter
-
-    async def with_room(self, req: ChatRequest) -> SamplingParams:
-        """OpenAI's default max_tokens: whatever room the prompt leaves in the context, and in the
-        smallest KV pool of the models the request may visit (the engine refuses more)."""
-        probe = req.params.model_copy(update={"n": 1, "max_tokens": 1})
-        prepared, _ = await self.engine.prepare(
-            req.messages, probe, None, req.tools, req.tool_choice, req.parallel_tool_calls
-        )
-        engine = self.engine
-        context = engine.loaded[engine.policy.entry_model].max_model_len
-        pools = [s.kv_blocks_total * s.kv_block_size for s in engine.stats().values()]
-        room = min(context, *pools) - len(prepared[0].prompt_ids)
-        return req.params.model_copy(update={"max_tokens": max(room, 1)})
 
     async def complete(self, req: ChatRequest, request_id: str, deadline: float) -> dict:
         left = time_left(deadline)

@@ -24,36 +24,38 @@ def _on_httpx2() -> bool:
 def async_client(engine, **kwargs) -> openai.AsyncOpenAI:
     """An `openai.AsyncOpenAI` whose requests `engine` (a running `Engine`) answers, in the
     caller's event loop. `kwargs` go to `AsyncOpenAI` (`timeout=`, `default_headers=`, ...)."""
-    if _on_httpx2():
-        import httpx2
-
-        from .httpx2_transports import AsyncHttpx2Transport
-
-        http_client = httpx2.AsyncClient(transport=AsyncHttpx2Transport(engine))
-    else:
-        import httpx
-
-        from .httpx_transports import AsyncHttpxTransport
-
-        http_client = httpx.AsyncClient(transport=AsyncHttpxTransport(engine))
-    kwargs = {"base_url": BASE_URL, "api_key": API_KEY, "max_retries": 0, **kwargs}
-    return openai.AsyncOpenAI(http_client=http_client, **kwargs)
+    return openai.AsyncOpenAI(http_client=_http_client(engine, sync=False), **_settings(kwargs))
 
 
 def client(llm, **kwargs) -> openai.OpenAI:
     """An `openai.OpenAI` whose requests `llm` (an open `LLM`) answers in its own event loop,
     from any thread. `kwargs` go to `OpenAI`."""
+    return openai.OpenAI(http_client=_http_client(llm, sync=True), **_settings(kwargs))
+
+
+def _settings(kwargs: dict) -> dict:
+    return {"base_url": BASE_URL, "api_key": API_KEY, "max_retries": 0, **kwargs}
+
+
+def _http_client(target, sync: bool):
+    """The HTTP library's client over its in-process transport: `target` is an `LLM` (sync) or an
+    `Engine` (async)."""
     if _on_httpx2():
         import httpx2
 
-        from .httpx2_transports import Httpx2Transport
+        from .httpx2_transports import AsyncHttpx2Transport, Httpx2Transport
 
-        http_client = httpx2.Client(transport=Httpx2Transport(llm))
-    else:
-        import httpx
+        return (
+            httpx2.Client(transport=Httpx2Transport(target))
+            if sync
+            else httpx2.AsyncClient(transport=AsyncHttpx2Transport(target))
+        )
+    import httpx
 
-        from .httpx_transports import HttpxTransport
+    from .httpx_transports import AsyncHttpxTransport, HttpxTransport
 
-        http_client = httpx.Client(transport=HttpxTransport(llm))
-    kwargs = {"base_url": BASE_URL, "api_key": API_KEY, "max_retries": 0, **kwargs}
-    return openai.OpenAI(http_client=http_client, **kwargs)
+    return (
+        httpx.Client(transport=HttpxTransport(target))
+        if sync
+        else httpx.AsyncClient(transport=AsyncHttpxTransport(target))
+    )

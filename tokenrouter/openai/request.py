@@ -65,13 +65,12 @@ _warned: set[str] = set()
 
 @dataclass
 class ChatRequest:
-    """A checked request. `params.max_tokens` is the caller's where `max_tokens_given`, else a
-    placeholder the caller replaces with the room left (OpenAI's default: up to the context)."""
+    """A checked request. `params.max_tokens` is the caller's, else None: the room the prompt
+    leaves in the context and the KV pools (OpenAI's default; the engine works it out)."""
 
     model: str
     messages: list[dict]
     params: SamplingParams
-    max_tokens_given: bool = False
     tools: list | None = None
     tool_choice: ToolChoice = "auto"
     parallel_tool_calls: bool = True
@@ -115,7 +114,6 @@ def parse_chat_request(body) -> ChatRequest:
         model=model,
         messages=_messages(body.get("messages")),
         params=params,
-        max_tokens_given="max_tokens" in renamed,
         tools=tools,
         tool_choice=tool_choice,
         parallel_tool_calls=_bool(body, "parallel_tool_calls", True),
@@ -158,6 +156,7 @@ def _sampling(body: Mapping, logprobs: bool) -> tuple[dict, dict[str, str]]:
     renamed: dict[str, str] = {}
     if kwargs.get("top_k") == -1:  # vLLM's "disabled"
         kwargs["top_k"] = 0
+    kwargs["max_tokens"] = None  # not given: the room left, as OpenAI and vLLM default it
     for name in ("max_completion_tokens", "max_tokens"):  # the newer name wins, as in vLLM
         if name in body:
             kwargs["max_tokens"], renamed["max_tokens"] = body[name], name

@@ -86,7 +86,10 @@ def reference_generate(
     current = policy.entry_model
     max_tokens = params.max_tokens
     if max_model_len is not None:
-        max_tokens = min(max_tokens, max_model_len - len(prompt_ids))
+        room = max_model_len - len(prompt_ids)
+        max_tokens = room if max_tokens is None else min(max_tokens, room)
+    elif max_tokens is None:
+        raise ValueError("max_tokens=None (the room left) needs max_model_len")
     seed = params.seed if params.seed is not None else 0
     sampler = Sampler()
     handoffs = stalls = 0
