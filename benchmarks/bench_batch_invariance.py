@@ -7,7 +7,7 @@ alone. In float32 the engine met that on all 164 HumanEval problems; in bf16 (th
 it did not until the block kernels served every step and attention padded every row's keys to a
 multiple of 16 (docs/evaluation.md). The checks, 2 threads, on this machine:
 
-1. Each CPU linear kernel (`engine/model/linear/`): row 0 of a call of M rows against a call of
+1. Each CPU linear kernel (`engine/quant/`): row 0 of a call of M rows against a call of
    row 0 alone, at the demo 1.5B's MLP shape (1536 -> 8960), bf16 activations.
 2. The attention call (`grouped_sdpa`, SDPA on the demo 1.5B's heads, one query row as in a
    decode step, bf16): a context of c keys padded with masked keys to width W. A decode step
@@ -45,10 +45,10 @@ from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa, padded
 from tokenrouter.engine.kv.cache import KVCache, KVLayout
-from tokenrouter.engine.model.linear import gguf_native, int4, int8_weights, onednn, probe
-from tokenrouter.engine.model.linear.gguf_blocks import GGUFBlockLinear
 from tokenrouter.engine.model.loader import load_model
 from tokenrouter.engine.model.runner import ModelRunner
+from tokenrouter.engine.quant import gguf_native, int4, int8_weights, onednn, probe
+from tokenrouter.engine.quant.gguf_blocks import GGUFBlockLinear
 from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.policies import Speculative

@@ -38,8 +38,8 @@ from tokenrouter import Engine, SamplingParams, Single, store
 from tokenrouter.api.prompts import chat_ids
 from tokenrouter.bench.machine import machine_info
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.model.gguf_index import tensor_places
 from tokenrouter.engine.model.loader import load_tokenizer
+from tokenrouter.engine.quant.gguf_index import tensor_places
 from tokenrouter.testing.gguf import LLAMA_FTYPES, requantize
 
 THREADS = 2

@@ -17,8 +17,8 @@ import torch
 
 from tokenrouter.bench.machine import CpuMeter
 from tokenrouter.bench.metrics import percentile
-from tokenrouter.engine.model.linear import onednn as onednn_linear
 from tokenrouter.engine.model.loader import dense_checkpoint
+from tokenrouter.engine.quant import onednn as onednn_linear
 
 
 @dataclass
@@ -63,7 +63,7 @@ def per_request(max_tokens, n: int) -> list[int]:
 # ---- static batches: model.generate -----------------------------------------------------------
 def load_hf(model_path: Path, dtype: str = "float32", device: str = "cpu", onednn: bool = False):
     """The model as transformers loads it; `onednn=True` swaps its float32 CPU linear layers for
-    the engine's oneDNN ones (engine/model/linear/onednn.py), so `generate` runs the engine's kernels
+    the engine's oneDNN ones (engine/quant/onednn.py), so `generate` runs the engine's kernels
     and a comparison measures scheduling and batching alone."""
     from transformers import AutoModelForCausalLM
 

@@ -10,7 +10,7 @@ follow for each k, with no engine involved (bench_speculative.py measures the en
     python benchmarks/speculative_agreement.py --int8 --out benchmarks/results/speculative-int8/agreement.jsonl
 
 `--int8` also scores a copy of the small model with its linear layers in int8, as
-`ModelSpec(quantization="int8")` loads it (engine/model/linear/int8.py), on the same answers.
+`ModelSpec(quantization="int8")` loads it (engine/quant/int8.py), on the same answers.
 """
 
 from __future__ import annotations
@@ -57,7 +57,7 @@ def main() -> None:
     small = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
     drafters = {"": small}
     if args.int8:
-        from tokenrouter.engine.model.linear.int8 import quantize_linears
+        from tokenrouter.engine.quant.int8 import quantize_linears
 
         drafters["int8_"] = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
         quantize_linears(drafters["int8_"])

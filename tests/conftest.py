@@ -27,7 +27,7 @@ def _probes_ignore_the_machines_load(monkeypatch):
     the suite does (another test process, CI's neighbours) must not make a cached probe be
     measured again, and a test count more calls than it expects. tests/engine/test_probe_cache.py
     checks the load rule itself."""
-    from tokenrouter.engine.model.linear import probe_cache
+    from tokenrouter.engine.quant import probe_cache
 
     monkeypatch.setattr(probe_cache, "_busy_seconds", lambda: None)
 

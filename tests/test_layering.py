@@ -15,7 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 LINT_IMPORTS = Path(sys.executable).parent / "lint-imports"
 # Names of other modules that code here may use although they start with "_": torch's CPU kernels
-# for packed and low-bit linear layers have no public name (engine/model/linear/), nor has the
+# for packed and low-bit linear layers have no public name (engine/quant/), nor has the
 # constructor of a wrapper tensor subclass (testing/accelerator.py).
 ALLOWED_PRIVATE = {
     ("torch.Tensor", "_make_wrapper_subclass"),

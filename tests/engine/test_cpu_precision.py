@@ -14,8 +14,7 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model import precision
-from tokenrouter.engine.model.linear import probe
+from tokenrouter.engine.quant import precision, probe
 from tokenrouter.testing import build_tiny_model
 
 FAST = {"float32": {1: 2.56, 4: 2.30, 16: 3.42}, "bfloat16": {1: 0.77, 4: 1.03, 16: 1.53}}  # measured, issue 38
@@ -214,7 +213,7 @@ def test_gguf_with_bf16_copies_holds_none_where_the_quantized_kernel_wins_at_eve
 
 
 def test_a_by_rows_linear_runs_few_rows_on_one_kernel_and_more_on_the_other():
-    from tokenrouter.engine.model.linear.by_rows import ByRowsLinear
+    from tokenrouter.engine.quant.by_rows import ByRowsLinear
 
     calls = []
 

@@ -1,4 +1,4 @@
-"""The GGUF block kernels (engine/model/linear/gguf_kernels.c) against gguf's own dequantization.
+"""The GGUF block kernels (engine/native/gguf_kernels.c) against gguf's own dequantization.
 
 Blocks of random bytes are valid blocks of each type (every bit pattern decodes), so they
 exercise every code, scale and high bit. Tolerances:
@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 import torch
 
-from tokenrouter.engine.model.linear import gguf_native
-from tokenrouter.engine.model.linear.gguf_blocks import GGUFBlockLinear, fits
+from tokenrouter.engine.quant import gguf_native
+from tokenrouter.engine.quant.gguf_blocks import GGUFBlockLinear, fits
 
 
 @pytest.fixture(scope="module")

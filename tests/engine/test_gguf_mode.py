@@ -30,8 +30,8 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.gguf_weights import GGUFTensor, q4k_groups
-from tokenrouter.engine.model.linear.int4 import Int4Linear
+from tokenrouter.engine.quant.gguf_weights import GGUFTensor, q4k_groups
+from tokenrouter.engine.quant.int4 import Int4Linear
 from tokenrouter.testing import build_tiny_model, quantize_q4k, write_gguf
 
 
@@ -115,7 +115,7 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(
     in float32 the block kernels compute between float32 activations over a float16 KV cache."""
     from transformers import AutoModelForCausalLM
 
-    from tokenrouter.engine.model.linear import gguf_native, probe
+    from tokenrouter.engine.quant import gguf_native, probe
 
     blocks = kernels.startswith("blocks")
     if blocks and (gguf_native.load()[0] is None or not gguf_native.load()[0].fast):
@@ -195,7 +195,7 @@ def test_the_bf16_copy_is_the_layer_itself_only_where_it_holds_the_ggufs_weights
     from gguf import GGMLQuantizationType
     from gguf.quants import dequantize
 
-    from tokenrouter.engine.model.linear.kernels import dense_bf16
+    from tokenrouter.engine.quant.kernels import dense_bf16
 
     w = np.random.default_rng(3).normal(0, 0.2, (40, 512)).astype(np.float32)
     t = GGUFTensor("blk.0.ffn_up", "Q4_K", 40, 512, quantize_q4k(w))
@@ -219,7 +219,7 @@ def test_the_header_index_agrees_with_ggufs_reader(tmp_path, alignment):
     a custom alignment moves where the tensors start."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-    from tokenrouter.engine.model.gguf_index import tensor_places
+    from tokenrouter.engine.quant.gguf_index import tensor_places
 
     path = tmp_path / "m.gguf"
     writer = GGUFWriter(path, "qwen2")
@@ -263,7 +263,7 @@ def test_a_prompt_chunked_over_steps_runs_on_the_block_kernels(tmp_path, tokeniz
     a chunk that does not end the prompt samples nothing: the output head then computes no row.
     The block kernels refused a call of 0 rows, which failed such a step (it ended a HumanEval
     run under RStitch). The answer is the one an unchunked prefill gives."""
-    from tokenrouter.engine.model.linear import gguf_native, probe
+    from tokenrouter.engine.quant import gguf_native, probe
 
     lib = gguf_native.load()[0]
     if lib is None or not lib.fast:

@@ -32,10 +32,10 @@ from tokenrouter.engine.attention import choice as attention_choice_module
 from tokenrouter.engine.attention import flashinfer_paged
 from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
 from tokenrouter.engine.kv.cache import KVCache, KVLayout
-from tokenrouter.engine.model import precision
 from tokenrouter.engine.model.cuda_graph import DecodeGraphs
 from tokenrouter.engine.model.loader import load_model
 from tokenrouter.engine.model.runner import ModelRunner
+from tokenrouter.engine.quant import precision
 from tokenrouter.engine.sched.batch import ScheduledBatch
 from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.errors import ModelLoadError

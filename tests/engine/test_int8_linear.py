@@ -1,4 +1,4 @@
-"""Int8 linear layers (engine/model/linear/int8.py, `ModelSpec(quantization="int8")`): close to the float32
+"""Int8 linear layers (engine/quant/int8.py, `ModelSpec(quantization="int8")`): close to the float32
 layer, the MLP output projections kept float32, the loader quantizing only where it can, and a
 quantized draft model leaving greedy speculative decoding the large model's own output."""
 
@@ -12,9 +12,9 @@ from pydantic import ValidationError
 
 from tests.helpers import generate_all, hf_greedy, holds_nothing, wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.linear import int8 as int8_linear
-from tokenrouter.engine.model.linear import onednn as onednn_linear
-from tokenrouter.engine.model.linear.int8 import KEEP_FLOAT, Int8Linear, quantize_linears
+from tokenrouter.engine.quant import int8 as int8_linear
+from tokenrouter.engine.quant import onednn as onednn_linear
+from tokenrouter.engine.quant.int8 import KEEP_FLOAT, Int8Linear, quantize_linears
 from tokenrouter.policies import Speculative
 from tokenrouter.testing import build_perturbed_copy, build_tiny_model
 

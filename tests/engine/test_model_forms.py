@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single, store
-from tokenrouter.engine.model.linear import gguf_native, probe
+from tokenrouter.engine.quant import gguf_native, probe
 from tokenrouter.files import sha256_file
 from tokenrouter.testing import build_tiny_model, write_gguf
 

@@ -1,4 +1,4 @@
-"""oneDNN-packed linear layers (engine/model/linear/onednn.py): same results as torch's linear to float32
+"""oneDNN-packed linear layers (engine/quant/onednn.py): same results as torch's linear to float32
 rounding, tied heads keep their embedding, and the loader packs exactly where it applies."""
 
 import anyio
@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.linear import onednn as onednn_linear
-from tokenrouter.engine.model.linear.onednn import MIN_ROWS, PackedLinear, pack_linears
+from tokenrouter.engine.quant import onednn as onednn_linear
+from tokenrouter.engine.quant.onednn import MIN_ROWS, PackedLinear, pack_linears
 from tokenrouter.errors import ModelLoadError
 from tokenrouter.testing import build_tiny_model
 

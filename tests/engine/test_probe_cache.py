@@ -1,4 +1,4 @@
-"""Timed probes that do not lie for good (engine/model/linear/probe_cache.py): each is kept with
+"""Timed probes that do not lie for good (engine/quant/probe_cache.py): each is kept with
 the load it ran under, measured again where that load was high or its timings are implausible,
 the best time per kernel and size kept over the runs, and trusted after MAX_RUNS whatever they
 say; `tokenrouter models --probes` lists them and `--clear-probes` removes them."""
@@ -11,7 +11,7 @@ import json
 import pytest
 
 from tokenrouter import cli
-from tokenrouter.engine.model.linear import probe_cache
+from tokenrouter.engine.quant import probe_cache
 
 QUIET = {"float32": {1: 2.6, 4: 2.3, 16: 3.4}, "bfloat16": {1: 0.8, 4: 1.0, 16: 1.5}}
 # what a probe cached during a busy minute read ("bfloat16 0.77x at 1, 0.31x at 4, 7.07x at 16 rows")

@@ -50,7 +50,7 @@ def test_greedy_speculative_is_the_target_alone_in_bf16_on_the_gguf_block_kernel
     row alone, and the torch attention pads every row's keys to a multiple of 16 (block_size=8
     here, so decode rows are padded too). Against the engine's target alone in the same mode
     (Hugging Face's bf16 is other arithmetic)."""
-    from tokenrouter.engine.model.linear import gguf_native, probe
+    from tokenrouter.engine.quant import gguf_native, probe
     from tokenrouter.testing import build_tiny_model, write_gguf
 
     lib = gguf_native.load()[0]

@@ -12,8 +12,8 @@ import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
-from ..engine.model import heap
 from ..engine.model.torch_threads import usable_cores
+from ..engine.native import heap
 from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS
 

@@ -63,7 +63,7 @@ def models_table(args) -> int:
 
 
 def probes(clear: bool) -> int:
-    from ..engine.model.linear import probe_cache
+    from ..engine.quant import probe_cache
 
     if clear:
         n = probe_cache.clear_probes()

@@ -113,7 +113,7 @@ class ModelSpec(BaseModel):
     dtype: DType = Field(
         "auto",
         description="'auto': on CPU the faster of float32 and bfloat16 for this model on this machine, measured "
-        "once and cached (engine/model/linear/probe.py); on GPU the checkpoint's dtype, a float32 or float64 one in "
+        "once and cached (engine/quant/probe.py); on GPU the checkpoint's dtype, a float32 or float64 one in "
         "bfloat16 (float16 on a GPU without it).",
     )
     device: str = Field("cpu", description="A torch device: 'cpu', 'cuda', 'cuda:1', ...")
@@ -152,12 +152,12 @@ class ModelSpec(BaseModel):
         "them (dtype 'auto' or 'float32'; 'bfloat16' keeps bf16 activations); elsewhere Q4_K tensors 4-bit and "
         "other quantized ones int8 in torch's kernels, computed in bfloat16. Where bfloat16 is not faster on "
         "this CPU, dtype 'auto' keeps the block kernels in float32 where a probe measured them faster than "
-        "float32 weights, else falls back to float32 weights (engine/model/precision.py). "
+        "float32 weights, else falls back to float32 weights (engine/quant/precision.py). "
         "'gguf+bf16': the same for steps of few rows, and dense bf16 copies of the weights for steps of many "
-        "(prefill, big batches), up to the rows a probe measured (engine/model/linear/by_rows.py); none where "
+        "(prefill, big batches), up to the rows a probe measured (engine/quant/by_rows.py); none where "
         "the quantized kernels were faster at every size. "
         "'int8': the linear layers (but the MLP output projections) with int8 weights and per-step int8 "
-        "activations, float32 on CPU (engine/model/linear/int8.py); lossy, meant for a draft model whose "
+        "activations, float32 on CPU (engine/quant/int8.py); lossy, meant for a draft model whose "
         "tokens a verifying policy checks. None: dense weights in `dtype` (a GGUF's dense copy, written once).",
     )
 

@@ -20,7 +20,7 @@ Layout under the home directory ($TOKENROUTER_HOME, else $XDG_CACHE_HOME/tokenro
     models/<name>/          its config and tokenizer (and dense copy, once a mode needed it);
                             `.complete` is written last
     derived/<stem>-<key>/   the same for a GGUF from outside the store, on its first load
-    kernels/, probes/       built kernels and timed probes (engine/model/linear/)
+    kernels/, probes/       built kernels and timed probes (engine/quant/)
 
 Every step writes to a temporary name and renames into place at the end, so an interrupted run
 never leaves a file or directory that looks whole.

@@ -9,7 +9,7 @@ which), so a step's tokens are the same bits in any batch, any call width and an
 
 It reads the paged cache in place through the block tables (no gather of the context), computes
 in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV
-head) pairs. It is built for this CPU on first use (engine/native_build.py); where it cannot be,
+head) pairs. It is built for this CPU on first use (engine/native/build.py); where it cannot be,
 `attention_backend="auto"` runs torch's backend (torch_paged.py), and the load says why.
 """
 
@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from .. import native_build
 from ..kv.cache import KVCache
+from ..native import build as native_build
 from .backend import AttentionBackend, AttentionMetadata
 
-SOURCE = Path(__file__).with_name("paged_kernels.c")
+SOURCE = native_build.source("paged_kernels.c")
 DTYPES = (torch.float32, torch.bfloat16)  # what q and the output may be
 KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V may be: the C file's KIND_*
 

@@ -22,7 +22,7 @@ import torch
 from ...errors import ModelLoadError
 from ...files import atomic_path
 from ...store.layout import log, progress
-from .gguf_weights import GGUFWeights
+from ..quant.gguf_weights import GGUFWeights
 from .weights import empty_model
 
 FILE = "model.safetensors"

@@ -25,12 +25,13 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from ..attention import backend as attention
-from . import dense_copy, heap
-from .gguf_weights import GGUFWeights, load_from_gguf, main_kind
-from .linear import kernels
-from .precision import GGUF_MODES, meta_model, resolve_precision
+from ..native import heap
+from ..quant import kernels
+from ..quant.gguf_weights import GGUFWeights, main_kind
+from ..quant.precision import GGUF_MODES, meta_model, resolve_precision
+from . import dense_copy
 from .shared_tokenizer import load_shared
-from .weights import checkpoint_files, load_streaming
+from .weights import checkpoint_files, load_from_gguf, load_streaming
 
 ATTN = attention.ATTN_IMPLEMENTATION
 
@@ -46,10 +47,10 @@ class LoadedModel:
     vocab_size: int
     max_model_len: int
     eos_token_ids: frozenset[int]
-    # what the linear layers run on (engine/model/linear/kernels.py): "onednn" when packed, "int8+onednn"
+    # what the linear layers run on (engine/quant/kernels.py): "onednn" when packed, "int8+onednn"
     # for a dynamic-int8 drafter, "int4+int8+onednn+gguf-embedding" from a GGUF's blocks, "torch" otherwise
     linear_kernel: str = "torch"
-    precision: str = ""  # what it computes in, and why (engine/model/precision.py)
+    precision: str = ""  # what it computes in, and why (engine/quant/precision.py)
     kv_dtype: torch.dtype | None = None  # what its KV cache holds (None: `dtype`)
 
     @property
@@ -138,7 +139,7 @@ def load_tokenizer(spec: ModelSpec):
 
 def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> LoadedModel:
     """The model, in the precision this machine computes it fastest in (`precision.py`), with its
-    linear layers on their kernels (`linear/kernels.py`). `threads`: what its forwards will run on
+    linear layers on their kernels (`quant/kernels.py`). `threads`: what its forwards will run on
     (the precision probe times with as many)."""
     from transformers import AutoConfig, AutoModelForCausalLM
 

@@ -11,8 +11,8 @@ place of its meta parameter; the buffer is freed before the next one is read.
 
 Only checkpoints whose tensor names are exactly the model's own are streamed (what the engine's
 dense copies of a GGUF hold, and what most Hugging Face directories hold); anything else (renamed
-or fused keys) returns None and the caller uses `from_pretrained`. `empty_model` and `put` serve
-the GGUF loader (gguf_weights.py) alike.
+or fused keys) returns None and the caller uses `from_pretrained`. `load_from_gguf` fills the same
+empty model from a GGUF's tensors (read by quant/gguf_weights.py), one at a time alike.
 """
 
 from __future__ import annotations
@@ -22,6 +22,10 @@ import struct
 from pathlib import Path
 
 import torch
+
+from ...errors import ModelLoadError
+from ..native import heap
+from ..quant.gguf_weights import GGUFWeights
 
 # safetensors' dtype names
 _DTYPES = {
@@ -122,3 +126,24 @@ def put(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
         module.register_parameter(leaf, torch.nn.Parameter(tensor))
     else:
         module.register_buffer(leaf, tensor)
+
+
+def load_from_gguf(
+    config, gguf: GGUFWeights, files: Path, dtype: torch.dtype, attn_implementation: str, skip: set[str]
+) -> torch.nn.Module:
+    """The model with every parameter read from the GGUF, dense in `dtype`, but those in `skip`
+    (left on the meta device for the kernels to fill from their blocks); its generation config
+    from `files`."""
+    model = empty_model(config, dtype, attn_implementation)
+    for name, param in list(model.named_parameters()):
+        if name in skip or not param.is_meta:
+            continue
+        values = gguf.dense(name)
+        if values is not None:
+            put(model, name, values.to(dtype))
+            heap.trim(collect=False)
+    model.tie_weights()
+    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in skip]
+    if missing:
+        raise ModelLoadError(f"{gguf.path}: the GGUF holds no tensor for {', '.join(missing[:3])}")
+    return finish(model, files)

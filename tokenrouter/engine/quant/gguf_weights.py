@@ -22,7 +22,6 @@ import numpy as np
 import torch
 
 from ...errors import ModelLoadError
-from . import heap
 from .gguf_index import tensor_places
 
 # transformers' model_type -> gguf's architecture name: the decoder-only models whose GGUF tensors
@@ -186,26 +185,3 @@ def dequantized(t: GGUFTensor, rows: torch.Tensor | None = None) -> torch.Tensor
     data = t.data if index is None else t.data[index.numpy()]
     out = dequantize(np.ascontiguousarray(data), GGMLQuantizationType[t.kind])
     return torch.from_numpy(np.ascontiguousarray(out, dtype=np.float32)).reshape(-1, t.cols)
-
-
-def load_from_gguf(
-    config, gguf: GGUFWeights, files: Path, dtype: torch.dtype, attn_implementation: str, skip: set[str]
-) -> torch.nn.Module:
-    """The model with every parameter read from the GGUF, dense in `dtype`, but those in `skip`
-    (left on the meta device for the kernels to fill from their blocks); its generation config
-    from `files`."""
-    from .weights import empty_model, finish, put
-
-    model = empty_model(config, dtype, attn_implementation)
-    for name, param in list(model.named_parameters()):
-        if name in skip or not param.is_meta:
-            continue
-        values = gguf.dense(name)
-        if values is not None:
-            put(model, name, values.to(dtype))
-            heap.trim(collect=False)
-    model.tie_weights()
-    missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in skip]
-    if missing:
-        raise ModelLoadError(f"{gguf.path}: the GGUF holds no tensor for {', '.join(missing[:3])}")
-    return finish(model, files)

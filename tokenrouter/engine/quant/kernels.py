@@ -25,13 +25,13 @@ import logging
 
 import torch
 
-from ....config import ModelSpec
-from ....errors import ModelLoadError
-from .. import heap
-from ..gguf_embedding import GGUFEmbedding
-from ..gguf_weights import GGUFWeights, dequantized, q4k_groups
-from ..precision import Precision
+from ...config import ModelSpec
+from ...errors import ModelLoadError
+from ..native import heap
 from . import by_rows, gguf_blocks, gguf_native, int4, int8, int8_weights, kernel_cache, onednn
+from .gguf_embedding import GGUFEmbedding
+from .gguf_weights import GGUFWeights, dequantized, q4k_groups
+from .precision import Precision
 
 log = logging.getLogger(__name__)
 

@@ -7,7 +7,7 @@ blocks' codes, AVX512 VNNI), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6
 the fast path each tensor is repacked once at load, 16 rows interleaved (the layout is in the C
 file; the same size give or take 3%), which replaces the file's bytes: no second copy.
 
-It is built for this CPU on first use and kept under the store (engine/native_build.py). Without
+It is built for this CPU on first use and kept under the store (engine/native/build.py). Without
 a compiler, or where the build fails, `load()` answers None with the reason and the engine keeps
 torch's kernels; `TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
 """
@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ... import native_build
+from ..native import build as native_build
 
-SOURCE = Path(__file__).with_name("gguf_kernels.c")
+SOURCE = native_build.source("gguf_kernels.c")
 ENV = "TOKENROUTER_GGUF_KERNELS"
 # ggml's type numbers, and (values, bytes) per block
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}

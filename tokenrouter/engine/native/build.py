@@ -27,10 +27,19 @@ from typing import TypeVar
 log = logging.getLogger(__name__)
 
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC"]
+SOURCES = Path(__file__).parent  # the C sources live beside their builder
 T = TypeVar("T")
 
 _lock = threading.Lock()
 _loaded: dict[tuple[str, str], object] = {}  # (source, home) -> what `open_` made of the library, or why none
+
+
+def source(name: str) -> Path:
+    """The path of one of the engine's C sources (`gguf_kernels.c`, `paged_kernels.c`)."""
+    path = SOURCES / name
+    if not path.is_file():
+        raise FileNotFoundError(f"no C source {name!r} in {SOURCES}")
+    return path
 
 
 def cpu_identity() -> dict:
@@ -57,7 +66,7 @@ def compiler() -> str | None:
 def load(source: Path, open_: Callable[[ctypes.CDLL, Path], T], home: str | Path | None = None) -> tuple[T | None, str]:
     """(open_(the library, its path), "") or (None, why not): built on first use, then read from
     the store; once per process for each source and store."""
-    from .. import store
+    from ... import store
 
     key = (str(source), str(store.home_dir(home)))
     with _lock:

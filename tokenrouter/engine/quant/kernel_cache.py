@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ... import native_build
+from ..native import build as native_build
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +38,7 @@ DTYPES = {name: dtype for dtype, name in SAFETENSORS_DTYPES.items()}
 def cache_path(gguf_path: Path, home: str | Path | None = None) -> Path | None:
     """Where the kernels built from this GGUF file, by this torch, on this CPU are kept; None for
     a GGUF the store does not hold (a file of the caller's own: built at every load)."""
-    from .... import store
+    from ... import store
 
     if gguf_path.resolve().parent != (store.home_dir(home) / "gguf").resolve():
         return None
@@ -94,7 +94,7 @@ def write(path: Path, tensors: dict[str, torch.Tensor]) -> None:
     """Store the tensors in a safetensors file, one tensor's bytes at a time (no copy of them all
     at once: the load's peak stays what the model holds), whole (a reader never sees half a
     file). Where the store is read-only the next load builds again."""
-    from ....files import atomic_path
+    from ...files import atomic_path
 
     for older in path.parent.glob(f"{path.name.rsplit('-', 1)[0]}-{'?' * 16}.safetensors"):
         older.unlink(missing_ok=True)  # the same model's kernels from another file, torch or CPU

@@ -26,7 +26,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ....files import write_text_atomic
+from ...files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +52,7 @@ class ProbeRecord:
 
 
 def probe_dir(home: str | Path | None = None) -> Path:
-    from .... import store
+    from ... import store
 
     return store.home_dir(home) / "probes"
 

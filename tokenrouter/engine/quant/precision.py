@@ -8,10 +8,10 @@
 - On a GPU, the checkpoint's dtype; a float32 or float64 checkpoint maps to bfloat16 (float16 on
   a GPU without bfloat16), as vLLM does, said in the log (`gpu_dtype`).
 - On CPU with `dtype="auto"`, the faster of float32 and bfloat16 for this model on this machine,
-  measured (`linear/probe.py`).
+  measured (`quant/probe.py`).
 - `quantization="gguf"` computes a GGUF checkpoint's quantized tensors from the file's own blocks
   (the GGUF block kernels, where a probe measures them faster than torch's) or as torch's 4-bit
-  and int8 kernels (`linear/kernels.py`). The block kernels round x to int8 themselves and take
+  and int8 kernels (`quant/kernels.py`). The block kernels round x to int8 themselves and take
   float32 as fast as bf16, so around them the model computes in float32 over a float16 KV cache,
   as llama.cpp does (`float32_blocks`; `dtype="bfloat16"` keeps bf16); torch's kernels take
   bfloat16, so around them it computes in bf16. Where bf16 is not the faster dtype (no native
@@ -19,7 +19,7 @@
   faster than float32 dense at every size, and otherwise falls back to float32 with the weights
   dequantized, and says why: nothing gets slower than float32 would be.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
-  takes the quantized ones up to the rows where a probe found them faster (`linear/by_rows.py`);
+  takes the quantized ones up to the rows where a probe found them faster (`quant/by_rows.py`);
   where the probe found them faster at every size it measures (the GGUF block kernels on an
   AVX512 VNNI CPU), the bf16 copies would compute nothing faster, and it runs as `gguf` (float32
   activations around the block kernels). It falls back to float32 as `gguf` does.
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import torch
 
 from ...config import ModelSpec
-from .linear import gguf_native, probe
+from . import gguf_native, probe
 
 log = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class Precision:
     quantization: str | None  # "gguf", "gguf+bf16", "int8" or None
     reason: str  # one line: what was chosen and why
     quantized_rows: int = 0  # gguf+bf16: calls of up to this many rows use the quantized weights
-    gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (linear/gguf_kernels.c) serve what they take
+    gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (native/gguf_kernels.c) serve what they take
     kv_dtype: torch.dtype | None = None  # what the KV cache holds, where not `dtype`
 
     @property

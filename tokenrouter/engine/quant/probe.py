@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ...native_build import cpu_identity
+from ..native.build import cpu_identity
 from . import probe_cache
 
 log = logging.getLogger(__name__)
@@ -179,7 +179,7 @@ TORCH_SCOUT_BYTES = 128 << 20
 
 def torch_kernel_for(kind: str) -> tuple[str, int]:
     """torch's kernel for a GGUF type where the block kernels do not serve it, and its bits a
-    weight: Q4_K as 4-bit groups, every other type as int8 per channel (linear/kernels.py)."""
+    weight: Q4_K as 4-bit groups, every other type as int8 per channel (quant/kernels.py)."""
     return ("int4", 4) if kind == "Q4_K" else ("int8", 8)
 
 
