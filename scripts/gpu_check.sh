@@ -87,7 +87,7 @@ if [ "$DRY" = 1 ]; then
     env_stage_starts() {  # check-env runs and reports (here it finds problems: no GPU, not the machine's packages)
         local site="" wheels=.whl
         [ "$WITHOUT_WHEELS" = 1 ] && wheels="$TMP/none" || site="$TMP/site:$TMP/site-fi:"
-        PYTHONPATH="$ROOT:$site" "$PY" scripts/gpu_kit.py check-env --wheels "$wheels" --json "$TMP/env.json" \
+        PYTHONPATH="$ROOT:$site" "$PY" -m scripts.gpu_kit check-env --wheels "$wheels" --json "$TMP/env.json" \
             > "$TMP/env.log" 2>&1
         "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); print(f'check-env ran: {len(r)} fields,', len(r['problems']), 'problems on this CPU machine (no GPU; the resolver check stands for the machine')" "$TMP/env.json" ||
             { tail -20 "$TMP/env.log"; return 1; }
@@ -112,7 +112,7 @@ if [ "$DRY" = 1 ]; then
         local site="" want="[12]"  # without them, flashinfer imports only where this interpreter has one
         [ "$WITHOUT_WHEELS" = 1 ] || { site=".whl-host/site:$TMP/site-fi:"; want=1; }
         PYTHONPATH="$site$ROOT" TVM_FFI_DISABLE_TORCH_C_DLPACK=1 CUDA_VISIBLE_DEVICES="" timeout 60 \
-            "$PY" scripts/gpu_kit.py preflight --json "$TMP/preflight.json" > "$TMP/preflight.log" 2>&1
+            "$PY" -m scripts.gpu_kit preflight --json "$TMP/preflight.json" > "$TMP/preflight.log" 2>&1
         local rc=$?
         grep '^preflight ' "$TMP/preflight.log" | cut -c1-160
         [[ $rc == $want ]] && "$PY" -c "import json, sys; r = json.load(open(sys.argv[1])); sys.exit(sorted(r) != ['flashinfer', 'graph', 'pinned', 'rc'])" "$TMP/preflight.json" ||
@@ -124,26 +124,26 @@ if [ "$DRY" = 1 ]; then
     }
     summary_stage_starts() {
         printf 'install\t90\t12.5\t0\t\njit\t300\t0\t-1\tskipped: no time left\n' > "$TMP/stages.tsv" &&
-        "$PY" scripts/gpu_kit.py summary --out "$TMP" --stages "$TMP/stages.tsv" --attention flashinfer \
+        "$PY" -m scripts.gpu_kit summary --out "$TMP" --stages "$TMP/stages.tsv" --attention flashinfer \
             --prefill-backend fa2 --fallback "prefill fa2: FA3 failed to build" > /dev/null &&
         "$PY" -c "import json,sys; s=json.load(open(sys.argv[1])); assert [x['stage'] for x in s['stages']] == ['install', 'jit'] and s['prefill_backend'] == 'fa2'" "$TMP/summary.json"
     }
     check "complete: every requirement met by the GPU machine's packages or the kit's pins (offline)" \
-        "$PY" scripts/gpu_kit.py complete
+        "$PY" -m scripts.gpu_kit complete
     if [ "$WITHOUT_WHEELS" = 0 ]; then
         if ! ls .whl/*.whl > /dev/null 2>&1 || [ ! -d .whl-host/site ]; then
             echo "FAIL: no .whl/ or .whl-host/: run 'bash scripts/gpu_wheels.sh' first (needs PyPI), or pass --without-wheels"
             exit 1
         fi
-        check "wheels: pinned, one version each, RECORD and the recorded Requires-Dist match" "$PY" scripts/gpu_kit.py verify-wheels .whl
-        check "requirements: pip's resolver, offline, against the GPU machine's packages" "$PY" scripts/gpu_kit.py resolve .whl
+        check "wheels: pinned, one version each, RECORD and the recorded Requires-Dist match" "$PY" -m scripts.gpu_kit verify-wheels .whl
+        check "requirements: pip's resolver, offline, against the GPU machine's packages" "$PY" -m scripts.gpu_kit resolve .whl
         check "stage install: the same pip commands, Python 3.12 manylinux tags" install_like_gpu
         check "flashinfer: the trimmed copy imports, our kernels' JIT sources generate, their #includes resolve" \
-            "$PY" scripts/gpu_kit.py check-trimmed "$TMP/site-fi" --host-site .whl-host/site
-        check "size: what travels" "$PY" scripts/gpu_kit.py travel-size --carry "$CARRY"
+            "$PY" -m scripts.gpu_kit check-trimmed "$TMP/site-fi" --host-site .whl-host/site
+        check "size: what travels" "$PY" -m scripts.gpu_kit travel-size --carry "$CARRY"
     else
         echo "== --without-wheels: skipping the wheel set, the install, the trimmed flashinfer"
-        check "size: what travels (the working tree alone; .whl/ not built)" "$PY" scripts/gpu_kit.py travel-size --carry
+        check "size: what travels (the working tree alone; .whl/ not built)" "$PY" -m scripts.gpu_kit travel-size --carry
     fi
     check "command: the device run call fits and docs/gpu.md shows it" command_fits
     check "stage preflight starts: pinned memory, a graph on a side stream, import flashinfer" preflight_stage_starts
@@ -175,11 +175,11 @@ STAGES=$WORK/stages.tsv
 mkdir -p "$WORK" "$BENCH"
 : > "$STAGES"
 PY=${GPU_KIT_PYTHON:-python3}
-# nvcc jobs at once: one a core, fewer if memory is short (an FA3 nvcc job peaks at 3.5 GiB; gpu_kit.py
+# nvcc jobs at once: one a core, fewer if memory is short (an FA3 nvcc job peaks at 3.5 GiB; gpu_kit
 # max-jobs allows 4 GiB each), and never more than a MAX_JOBS already set. flashinfer's JIT passes MAX_JOBS
 # (FLASHINFER_JIT_PREBUILD_MAX_JOBS first, for a batch build) to ninja -j; FLASHINFER_NVCC_THREADS is each
 # nvcc's --threads, kept at 1 so that a job is one compilation at a time.
-JOBS=$($PY scripts/gpu_kit.py max-jobs 2> /dev/null || nproc)
+JOBS=$($PY -m scripts.gpu_kit max-jobs 2> /dev/null || nproc)
 [ -n "${MAX_JOBS:-}" ] && [ "$MAX_JOBS" -lt "$JOBS" ] 2> /dev/null && JOBS=$MAX_JOBS
 export MAX_JOBS=$JOBS FLASHINFER_JIT_PREBUILD_MAX_JOBS=$JOBS FLASHINFER_NVCC_THREADS=1
 export WORK SITE FISITE
@@ -269,7 +269,7 @@ stage install 90 bash -c "set -e; install_wheels; ls $SITE $FISITE | wc -l"
 # The pre-flight, in the first 30 s: a pinned allocation, a one-kernel CUDA graph captured and replayed on a
 # side stream, and `import flashinfer` (tvm-ffi's optional torch extension left unbuilt: the import stage
 # builds it). Exit 1: a CUDA part failed (reported, the run goes on); 2 or no answer: flashinfer cannot be used.
-stage preflight 45 env TVM_FFI_DISABLE_TORCH_C_DLPACK=1 $PY scripts/gpu_kit.py preflight --json "$WORK/preflight.json"
+stage preflight 45 env TVM_FFI_DISABLE_TORCH_C_DLPACK=1 $PY -m scripts.gpu_kit preflight --json "$WORK/preflight.json"
 case $RC in
     0) ;;
     1)
@@ -279,7 +279,7 @@ case $RC in
     -1) torch_backend "was not checked (no time left for the pre-flight)" ;;
     *) torch_backend "failed the pre-flight (exit $RC: the import failed or did not finish)" ;;
 esac
-stage env 60 $PY scripts/gpu_kit.py check-env --wheels .whl --site "$WORK" --json "$WORK/env.json" ||
+stage env 60 $PY -m scripts.gpu_kit check-env --wheels .whl --site "$WORK" --json "$WORK/env.json" ||
     echo "!! env: some requirement is not met (above); going on"
 # The first full import of flashinfer imports tvm-ffi, which builds a small torch extension once (cached in
 # TVM_FFI_CACHE_DIR) when this torch lacks the DLPack C exchange API; hence a stage of its own.
@@ -313,13 +313,13 @@ PREPARE=$!
 # fail, torch's backend. FA3 second (prefill rows over 64 tokens on Hopper, ~85% of the compile time): if it
 # fails or runs out of time, flashinfer stays with prefill forced to FA2.
 if [ "$ATTN" = flashinfer ]; then
-    stage jit-fa2 120 $PY scripts/gpu_kit.py warm --part fa2 --json "$WORK/warm-fa2.json" ||
+    stage jit-fa2 120 $PY -m scripts.gpu_kit warm --part fa2 --json "$WORK/warm-fa2.json" ||
         torch_backend "failed to build its page and FA2 kernels (exit $RC)"
 else
     skip jit-fa2 120 "torch backend"
 fi
 if [ "$ATTN" = flashinfer ]; then
-    stage jit-fa3 180 $PY scripts/gpu_kit.py warm --part fa3 --json "$WORK/warm-fa3.json"
+    stage jit-fa3 180 $PY -m scripts.gpu_kit warm --part fa3 --json "$WORK/warm-fa3.json"
     case $RC in
         0) ;;
         -1) fa2_prefill "was not built (no time left)" ;;
@@ -347,12 +347,12 @@ for step in routed eager single; do  # by worth per second, as the budget may cu
 done
 for f in routed.json single.json routed-eager.json; do [ -f "$BENCH/$f" ] && cp "$BENCH/$f" "$OUT/"; done
 if [ "$ATTN" = flashinfer ]; then
-    stage report 30 $PY scripts/gpu_kit.py jit-report --warm-json "$WORK/warm-fa2.json" "$WORK/warm-fa3.json" \
+    stage report 30 $PY -m scripts.gpu_kit jit-report --warm-json "$WORK/warm-fa2.json" "$WORK/warm-fa3.json" \
         --prefill-backend "$PREFILL" --json "$WORK/jit.json"
 fi
 FALLBACK_ARGS=()
 for f in "${FALLBACKS[@]}"; do FALLBACK_ARGS+=(--fallback "$f"); done
-$PY scripts/gpu_kit.py summary --out "$OUT" --stages "$STAGES" --attention "$ATTN" --prefill-backend "$PREFILL" \
+$PY -m scripts.gpu_kit summary --out "$OUT" --stages "$STAGES" --attention "$ATTN" --prefill-backend "$PREFILL" \
     --wall $((SECONDS - START)) "${FALLBACK_ARGS[@]}" --include preflight="$WORK/preflight.json" \
     env="$WORK/env.json" jit_fa2="$WORK/warm-fa2.json" jit_fa3="$WORK/warm-fa3.json" jit_report="$WORK/jit.json" \
     bench="$BENCH/summary.json"

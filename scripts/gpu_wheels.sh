@@ -8,13 +8,13 @@
 #    each file's sha256 (pip --require-hashes);
 # 2. installs the host helpers of the CPU-side probe into .whl-host/ (apache-tvm-ffi and nvidia-ml-py
 #    for THIS interpreter; they never travel);
-# 3. repacks flashinfer-python as 0.7.4+trim (scripts/gpu_kit.py trim): every Python file and header
+# 3. repacks flashinfer-python as 0.7.4+trim (python -m scripts.gpu_kit trim): every Python file and header
 #    tree, only the CUDA sources our kernels' JIT reaches, a fresh RECORD;
 # 4. packs the demo pair's tokenizer from the store into .whl/tokenizer.tar.xz when the store has it
 #    (bench_gpu.py --random-weights then runs the real vocabulary; without it, a small one);
 # 5. checks the set (RECORDs, pins, and that scripts/gpu_wheels_requires.txt, which the offline completeness
-#    test reads, records each wheel's Requires-Dist: `gpu_kit.py record-requires .whl` rewrites it after a pin
-#    changes) and prints each wheel's size and the size of what travels.
+#    test reads, records each wheel's Requires-Dist: `python -m scripts.gpu_kit record-requires .whl` rewrites
+#    it after a pin changes) and prints each wheel's size and the size of what travels.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
@@ -39,7 +39,7 @@ rm -rf .whl-host
 echo "== trimming flashinfer-python"
 rm -rf .whl
 mkdir -p .whl
-"$PY" scripts/gpu_kit.py trim "$DL"/flashinfer_python-*.whl .whl --host-site .whl-host/site
+"$PY" -m scripts.gpu_kit trim "$DL"/flashinfer_python-*.whl .whl --host-site .whl-host/site
 for w in "$DL"/*.whl; do
     case "$(basename "$w")" in flashinfer_python-*) ;; *) cp "$w" .whl/ ;; esac
 done
@@ -55,6 +55,6 @@ else
 fi
 
 echo "== checking the set"
-"$PY" scripts/gpu_kit.py verify-wheels .whl
+"$PY" -m scripts.gpu_kit verify-wheels .whl
 [ -f .whl/tokenizer.tar.xz ] && echo "  $(du -b .whl/tokenizer.tar.xz | awk '{printf "%8.2f MiB", $1/1048576}')  tokenizer.tar.xz"
-"$PY" scripts/gpu_kit.py travel-size --carry .whl
+"$PY" -m scripts.gpu_kit travel-size --carry .whl

@@ -9,7 +9,6 @@ wheel; the wheel checks are skipped, saying why. Neither needs the network.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 import subprocess
 import sys
@@ -18,18 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from scripts.gpu_kit import lists
+from scripts.gpu_kit.cli import main
+from scripts.gpu_kit.trim import trimmed_metadata
+from scripts.gpu_kit.wheel_files import stand_in_wheel, verify_record
+
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = ROOT / ".whl"
 HOST = ROOT / ".whl-host" / "site"
 HAVE_WHEELS = any(WHEELS.glob("*.whl")) and HOST.is_dir()
 NO_WHEELS = "no .whl/ and .whl-host/: run 'bash scripts/gpu_wheels.sh' (needs PyPI) to check the wheel set"
-
-
-def _kit():
-    spec = importlib.util.spec_from_file_location("gpu_kit", ROOT / "scripts" / "gpu_kit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _dry_run(*extra: str) -> subprocess.CompletedProcess:
@@ -100,22 +97,20 @@ def test_the_documented_run_call_is_the_scripts():
 
 
 def test_record_check_catches_a_changed_file(tmp_path):
-    kit = _kit()
     good = tmp_path / "good"
     good.mkdir()
-    wheel = kit.stand_in_wheel(good, "demo", "1.0", ["numpy>=1"])
-    assert kit.verify_record(wheel) == []
+    wheel = stand_in_wheel(good, "demo", "1.0", ["numpy>=1"])
+    assert verify_record(wheel) == []
     bad = tmp_path / wheel.name
     with zipfile.ZipFile(wheel) as src, zipfile.ZipFile(bad, "w") as dst:
         for info in src.infolist():
             data = src.read(info)
             dst.writestr(info, data + b"X" if info.filename.endswith("METADATA") else data)
-    problems = kit.verify_record(bad)
+    problems = verify_record(bad)
     assert len(problems) == 1 and "METADATA" in problems[0]
 
 
 def test_trimmed_metadata_drops_only_the_unused_requirements():
-    kit = _kit()
     text = "\n".join(
         [
             "Metadata-Version: 2.4",
@@ -130,7 +125,7 @@ def test_trimmed_metadata_drops_only_the_unused_requirements():
             "body",
         ]
     )
-    out, dropped = kit.trimmed_metadata(text, "0.7.4+trim")
+    out, dropped = trimmed_metadata(text, "0.7.4+trim")
     assert dropped == ["nvidia-cutlass-dsl>=4.8.0", "cuda-python>=12.0"]
     assert "Version: 0.7.4+trim" in out and "Requires-Dist: torch" in out and "apache-tvm-ffi" in out
     assert 'extra == "cu13"' in out and out.endswith("body")
@@ -142,7 +137,7 @@ def test_the_resolver_check_fails_without_a_needed_wheel(tmp_path):
         if not w.name.startswith("pydantic_core-"):
             shutil.copy(w, tmp_path)
     done = subprocess.run(
-        [sys.executable, "scripts/gpu_kit.py", "resolve", str(tmp_path)],
+        [sys.executable, "-m", "scripts.gpu_kit", "resolve", str(tmp_path)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -153,13 +148,11 @@ def test_the_resolver_check_fails_without_a_needed_wheel(tmp_path):
 
 
 def test_summary_lists_the_stages_with_their_times(tmp_path):
-    kit = _kit()
     stages = tmp_path / "stages.tsv"
     stages.write_text("install\t90\t8.5\t0\t\njit\t300\t300.0\t124\t\ntests\t120\t0\t-1\tskipped: no time left\n")
     (tmp_path / "routed.json").write_text("{}")
     assert (
-        kit.main(["summary", "--out", str(tmp_path), "--stages", str(stages), "--attention", "torch", "--wall", "420"])
-        == 0
+        main(["summary", "--out", str(tmp_path), "--stages", str(stages), "--attention", "torch", "--wall", "420"]) == 0
     )
     import json
 
@@ -169,20 +162,19 @@ def test_summary_lists_the_stages_with_their_times(tmp_path):
     assert summary["attention_backend"] == "torch" and summary["results"] == ["routed.json"]
     assert summary["prefill_backend"] is None and summary["fallbacks"] == []
     args = ["--out", str(tmp_path), "--stages", str(stages), "--attention", "flashinfer", "--prefill-backend", "fa2"]
-    assert kit.main(["summary", *args, "--fallback", "prefill fa2: FA3 failed to build (exit 1)"]) == 0
+    assert main(["summary", *args, "--fallback", "prefill fa2: FA3 failed to build (exit 1)"]) == 0
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["prefill_backend"] == "fa2" and summary["fallbacks"] == ["prefill fa2: FA3 failed to build (exit 1)"]
 
 
 @pytest.mark.skipif(not HAVE_WHEELS, reason=NO_WHEELS)
-def test_verify_wheels_checks_the_recorded_requirements(tmp_path, capsys):
+def test_verify_wheels_checks_the_recorded_requirements(tmp_path, capsys, monkeypatch):
     """The record the offline completeness check reads must be the built wheels' METADATA."""
-    kit = _kit()
-    assert kit.main(["verify-wheels", str(WHEELS)]) == 0
+    assert main(["verify-wheels", str(WHEELS)]) == 0
     record = tmp_path / "gpu_wheels_requires.txt"
-    record.write_text(kit.REQUIRES.read_text().replace("Requires-Dist: apache-tvm-ffi>=0.1.11\n", ""))
-    kit.REQUIRES = record
+    record.write_text(lists.REQUIRES.read_text().replace("Requires-Dist: apache-tvm-ffi>=0.1.11\n", ""))
+    monkeypatch.setattr(lists, "REQUIRES", record)
     capsys.readouterr()
-    assert kit.main(["verify-wheels", str(WHEELS)]) == 1
+    assert main(["verify-wheels", str(WHEELS)]) == 1
     out = capsys.readouterr().out
     assert "FAIL: xgrammar-0.2.9-" in out and "only in the wheel: ['Requires-Dist: apache-tvm-ffi>=0.1.11']" in out

@@ -9,7 +9,6 @@ import stage also run for real against a stand-in flashinfer whose import raises
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -17,6 +16,9 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from scripts.gpu_kit.jit_report import jit_report
+from scripts.gpu_kit.nvcc_jobs import NVCC_JOB_BYTES, max_jobs
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -172,26 +174,17 @@ def test_with_no_time_left_every_stage_is_skipped_and_the_summary_still_written(
     assert all(s["rc"] == -1 for name, s in r["stages"].items() if name != "models")
 
 
-def _kit():
-    spec = importlib.util.spec_from_file_location("gpu_kit", ROOT / "scripts" / "gpu_kit.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_nvcc_jobs_are_capped_by_memory():
-    kit = _kit()
     gib = 1 << 30
-    assert kit.max_jobs(16, 120 * gib) == 16  # the H200 machine: 128 GiB, 16 cores
-    assert kit.max_jobs(16, 48 * gib) == 8  # (48 - 16 reserved) / 4 GiB a job
-    assert kit.max_jobs(16, 10 * gib) == 1 and kit.max_jobs(16, None) == 16
-    assert kit.NVCC_JOB_BYTES >= int(3.5 * gib)  # an FA3 nvcc job's measured peak
+    assert max_jobs(16, 120 * gib) == 16  # the H200 machine: 128 GiB, 16 cores
+    assert max_jobs(16, 48 * gib) == 8  # (48 - 16 reserved) / 4 GiB a job
+    assert max_jobs(16, 10 * gib) == 1 and max_jobs(16, None) == 16
+    assert NVCC_JOB_BYTES >= int(3.5 * gib)  # an FA3 nvcc job's measured peak
 
 
 def test_jit_report_lists_what_the_warm_up_did_not_foresee():
-    kit = _kit()
     warm = [{"part": "fa2", "modules": ["page", "fa2_a"]}, {"part": "fa3", "modules": ["fa3_a_sm90"]}]
-    r = kit.jit_report(["fa2_a", "fa3_a_sm90", "fa3_window_sm90", "page"], warm, "auto")
+    r = jit_report(["fa2_a", "fa3_a_sm90", "fa3_window_sm90", "page"], warm, "auto")
     assert r["not_in_warm"] == ["fa3_window_sm90"] and r["warm_missing"] == []
-    r = kit.jit_report(["fa2_a", "page"], warm, "fa2")
+    r = jit_report(["fa2_a", "page"], warm, "fa2")
     assert r["warm_missing"] == ["fa3_a_sm90"] and r["fa3_built"] == [] and r["prefill_backend"] == "fa2"
