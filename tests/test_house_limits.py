@@ -1,0 +1,63 @@
+"""The house limits on size, checked: no module over 450 lines and no class over 350 (from its `class` line to
+its last), in the package and in the tools beside it (scripts/, benchmarks/ but its results, examples/). A file
+that grows past them is split by what it does. Files are only read, never imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+FOLDERS = ["tokenrouter", "scripts", "benchmarks", "examples"]
+EXCLUDED = [ROOT / "benchmarks" / "results"]  # what the benchmarks wrote, not code of ours
+MODULE_LINES = 450
+CLASS_LINES = 350
+
+
+def over_the_limits(source: str) -> list[str]:
+    """What in `source` is over the limits: the module's line count, and each class (nested ones too) whose
+    lines from its `class` line to its end are too many."""
+    problems = []
+    lines = len(source.splitlines())
+    if lines > MODULE_LINES:
+        problems.append(f"{lines} lines (a module may have {MODULE_LINES})")
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef):
+            length = node.end_lineno - node.lineno + 1
+            if length > CLASS_LINES:
+                problems.append(f"class {node.name}: {length} lines (a class may have {CLASS_LINES})")
+    return problems
+
+
+def modules(folder: str) -> list[Path]:
+    return [p for p in sorted((ROOT / folder).rglob("*.py")) if not any(p.is_relative_to(e) for e in EXCLUDED)]
+
+
+def _class(name: str, body_lines: int, indent: str = "") -> str:
+    return f"{indent}class {name}:\n" + "".join(f"{indent}    x{i} = {i}\n" for i in range(body_lines))
+
+
+def test_the_measure_finds_what_is_over_the_limits():
+    assert over_the_limits(_class("Fits", CLASS_LINES - 1)) == []  # 350 lines with its `class` line
+    assert over_the_limits(_class("Long", CLASS_LINES) + "\n\n" + _class("Short", 3)) == [
+        "class Long: 351 lines (a class may have 350)"
+    ]
+    nested = "def f():\n" + _class("Inner", CLASS_LINES, indent="    ")
+    assert over_the_limits(nested) == ["class Inner: 351 lines (a class may have 350)"]
+    long_module = "".join(f"x{i} = {i}\n" for i in range(MODULE_LINES + 1))
+    assert over_the_limits(long_module) == ["451 lines (a module may have 450)"]
+    assert over_the_limits(long_module[: long_module.index("x450")]) == []
+
+
+@pytest.mark.parametrize("folder", FOLDERS)
+def test_no_module_or_class_is_over_the_limits(folder):
+    found = modules(folder)
+    assert found, f"no Python files under {folder}/"
+    bad = [
+        f"{path.relative_to(ROOT)}: {problem}"
+        for path in found
+        for problem in over_the_limits(path.read_text(encoding="utf-8"))
+    ]
+    assert not bad, "over the house limits (split by what it does):\n" + "\n".join(bad)
