@@ -43,14 +43,14 @@ def doc_sections() -> dict[str, str]:
 
 def only_reexports(path: Path) -> bool:
     """An `__init__.py` that is empty or holds only a docstring, imports and dunder assignments
-    (`__all__`, `__version__`): nothing of its own to own."""
+    (`__all__`, `__all__ +=`, `__version__`): nothing of its own to own."""
     for node in ast.parse(path.read_text(encoding="utf-8")).body:
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             continue
         if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
             continue
         targets = node.targets if isinstance(node, ast.Assign) else []
-        targets = [node.target] if isinstance(node, ast.AnnAssign) else targets
+        targets = [node.target] if isinstance(node, (ast.AnnAssign, ast.AugAssign)) else targets
         if targets and all(isinstance(t, ast.Name) and t.id.startswith("__") and t.id.endswith("__") for t in targets):
             continue
         return False

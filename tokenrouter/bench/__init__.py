@@ -25,25 +25,6 @@ from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS, System
 from .workloads import BUILT_IN, SIZES, WorkloadSpec, workload
 
-__all__ = [
-    "BUILT_IN",
-    "SIZES",
-    "SYSTEMS",
-    "BenchConfig",
-    "BenchError",
-    "BenchResult",
-    "Run",
-    "Session",
-    "Sizes",
-    "Summary",
-    "System",
-    "Turn",
-    "WorkloadSpec",
-    "markdown",
-    "measure",
-    "plot",
-    "read_prompts",
-    "run_bench",
-    "workload",
-    "write_report",
-]
+__all__ = ["BUILT_IN", "SIZES", "SYSTEMS", "BenchConfig", "BenchError", "BenchResult", "Run", "Session", "Sizes"]
+__all__ += ["Summary", "System", "Turn", "WorkloadSpec", "markdown", "measure", "plot", "read_prompts", "run_bench"]
+__all__ += ["workload", "write_report"]

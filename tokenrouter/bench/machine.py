@@ -21,10 +21,10 @@ def _first(path: str, prefix: str) -> str | None:
 
 
 def machine_info() -> dict:
+    import importlib.metadata
+
     import torch
     import transformers
-
-    from .. import __version__
 
     mem = _first("/proc/meminfo", "MemTotal")
     info = {
@@ -35,7 +35,7 @@ def machine_info() -> dict:
         "python": sys.version.split()[0],
         "torch": torch.__version__,
         "transformers": transformers.__version__,
-        "tokenrouter": __version__,
+        "tokenrouter": importlib.metadata.version("tokenrouter"),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     try:

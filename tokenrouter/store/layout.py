@@ -1,5 +1,18 @@
 """Where the store keeps things under its home directory, and the guards every write goes
-through: a lock per model between processes, and progress shown on a terminal."""
+through: a lock per model between processes, and progress shown on a terminal.
+
+Layout under the home directory ($TOKENROUTER_HOME, else $XDG_CACHE_HOME/tokenrouter, else
+~/.cache/tokenrouter)::
+
+    gguf/<name>.gguf        the verified GGUF file
+    models/<name>/          its config and tokenizer (and dense copy, once a mode needed it);
+                            `.complete` is written last
+    derived/<stem>-<key>/   the same for a GGUF from outside the store, on its first load
+    kernels/, probes/       built kernels and timed probes (engine/quant/)
+
+Every step writes to a temporary name and renames into place at the end, so an interrupted run
+never leaves a file or directory that looks whole.
+"""
 
 from __future__ import annotations
 
