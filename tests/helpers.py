@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor
 
 from tokenrouter.bench.engines import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
+from tokenrouter.testing import live_sequences
 
 
 @lru_cache(maxsize=8)
@@ -148,7 +149,7 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "the conditio
 def holds_nothing(engine) -> bool:
     """No worker holds a request, and the engine tracks no request."""
     return (
-        all(not w.core.seqs for w in engine.workers.values())
+        all(not live_sequences(w) for w in engine.workers.values())
         and not engine.tracker.channels
         and not engine.tracker.requests
     )

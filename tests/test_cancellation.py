@@ -15,6 +15,7 @@ output (closing the engine ends the bystander too, and the engine starts again).
 from __future__ import annotations
 
 from collections import Counter
+from functools import partial
 
 import anyio
 import pytest
@@ -23,9 +24,14 @@ import torch
 from tests.helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.sequence import SeqStatus
-from tokenrouter.engine.worker.inbox import HandOff
 from tokenrouter.policies import Speculative
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import (
+    handoff_waiting,
+    kv_blocks_in_use,
+    live_sequences,
+    load_reference_models,
+    reference_generate,
+)
 
 K = 4  # the policy moves the request to the other model after every K tokens
 POLICY = EveryK(K)
@@ -37,7 +43,7 @@ VICTIM = SamplingParams(temperature=0, max_tokens=60, ignore_eos=True)
 
 
 def _seq(worker, rid="victim"):
-    return worker.core.seqs.get(rid)
+    return live_sequences(worker).get(rid)
 
 
 def _waiting(w):
@@ -215,8 +221,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
         bystander, victim = parties(engine, means, result, leave)
         scope_box: list = []
         async with anyio.create_task_group() as tg:
-            inbox = engine.workers["large"].inbox
-            handed_off = lambda: any(isinstance(m, HandOff) and m.req.request_id == "victim" for m in inbox.snapshot())  # noqa: E731
+            handed_off = partial(handoff_waiting, engine.workers["large"], "victim")
             await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":
@@ -232,7 +237,7 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
             assert result["victim"].finish_reason == "abort"
             by = result["bystander"]  # an engine exit ends everyone still running
             assert by.finish_reason == "abort" or by.token_ids == bystander_ref.token_ids
-            assert all(not w.alive and w.core.blocks.num_free == w.core.blocks.num_blocks for w in old_workers)
+            assert all(not w.alive and kv_blocks_in_use(w) == 0 for w in old_workers)
             assert engine.health().workers == {"small": "stopped", "large": "stopped"}
             await engine.start()  # and it starts again
             out = await engine.generate(BYSTANDER_PROMPT, BYSTANDER)

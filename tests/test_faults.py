@@ -16,7 +16,14 @@ import torch
 from tests.helpers import EveryK, generate_all, holds_nothing, wait_all_free
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, SamplingParams
 from tokenrouter.api import output_processor
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import (
+    break_scheduler,
+    fail_forward,
+    live_sequences,
+    load_reference_models,
+    reference_generate,
+    wrap_forward,
+)
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -42,17 +49,8 @@ async def _generate_all(engine, rids):
 def test_a_failed_forward_fails_its_batch_only(tiny_pair, refs):
     async def main():
         async with _engine(tiny_pair) as engine:
-            large = engine.workers["large"]
-            real = large.core.runner.forward
-            fired = []
-
-            def forward(batch):
-                if not fired and any(s.request_id == "boom" for s in batch.seqs):
-                    fired.append([s.request_id for s in batch.seqs])
-                    raise RuntimeError("injected: CUDA error: an illegal memory access")
-                return real(batch)
-
-            large.core.runner.forward = forward
+            error = RuntimeError("injected: CUDA error: an illegal memory access")
+            fired = fail_forward(engine, "large", error, when=lambda request_ids: "boom" in request_ids)
             outs = await _generate_all(engine, ["boom", "a", "b"])
             await wait_all_free(engine)
             assert holds_nothing(engine)
@@ -104,15 +102,7 @@ def test_a_dead_worker_fails_its_requests_and_the_engine_restarts(tiny_pair, ref
     async def main():
         engine = _engine(tiny_pair)
         await engine.start()
-        large = engine.workers["large"]
-        real = large.core.scheduler.schedule
-
-        def schedule():
-            if large.core.seqs:  # the first time the large model has work, its loop breaks
-                raise RuntimeError("injected: scheduler bug")
-            return real()
-
-        large.core.scheduler.schedule = schedule
+        break_scheduler(engine, "large", RuntimeError("injected: scheduler bug"))  # its loop breaks once it has work
         outs = await _generate_all(engine, ["a", "b", "c"])  # each moves to the large model after 3 tokens
         for out in outs.values():
             assert out.finish_reason == "error"
@@ -122,7 +112,7 @@ def test_a_dead_worker_fails_its_requests_and_the_engine_restarts(tiny_pair, ref
         assert health.workers["small"] == "ok"
         assert health.workers["large"].startswith("worker 'large' died: RuntimeError")
         await wait_all_free(engine)  # the pending copies on the small model are released too
-        assert not engine.workers["small"].core.seqs
+        assert not live_sequences(engine.workers["small"])
         with pytest.raises(EngineNotRunningError, match="worker 'large' is not running .*died"):
             await engine.generate(PROMPTS[0], PARAMS)  # at once, not a hang
         await engine.close()
@@ -142,16 +132,14 @@ def test_closing_never_hangs_on_a_stuck_worker(tiny_pair, caplog):
     async def main():
         engine = _engine(tiny_pair, stop_timeout=0.3)
         await engine.start()
-        large = engine.workers["large"]
-        real = large.core.runner.forward
         entered = threading.Event()
 
-        def forward(batch):
+        def stuck(forward, batch):
             entered.set()
             release.wait(20)  # stuck, e.g. in a kernel that never returns
-            return real(batch)
+            return forward(batch)
 
-        large.core.runner.forward = forward
+        wrap_forward(engine, "large", stuck)
         result = {}
 
         async def victim():

@@ -19,6 +19,7 @@ from tokenrouter import (
     SamplingParams,
     TokenRouterError,
 )
+from tokenrouter.testing import live_sequences
 
 # ---- requests on a running engine --------------------------------------------------------------
 MAX_MODEL_LEN = 64
@@ -120,10 +121,10 @@ def running(tiny_model, tokenizer):
 
 
 class _Spy:
-    """Counts what is submitted to a worker (and passes it on)."""
+    """Counts what is submitted to a worker (and passes it on); `before`: its stats when it began."""
 
-    def __init__(self, worker):
-        self.real, self.submitted = worker.submit, []
+    def __init__(self, worker, before):
+        self.worker, self.before, self.real, self.submitted = worker, before, worker.submit, []
 
     def __call__(self, req):
         self.submitted.append(req.request_id)
@@ -143,6 +144,15 @@ def _settle(worker, timeout: float = 10.0):
         time.sleep(0.005)
 
 
+@pytest.fixture
+def spy(running, monkeypatch):
+    """What is submitted to the module's worker from now on, once it has settled."""
+    worker = running[0].workers["m"]
+    counting = _Spy(worker, _settle(worker))
+    monkeypatch.setattr(worker, "submit", counting)
+    return counting
+
+
 async def _consume(engine, how, prompt, params, request_id):
     kwargs = {} if request_id is None else {"request_id": request_id}
     if how == "generate":
@@ -151,14 +161,11 @@ async def _consume(engine, how, prompt, params, request_id):
         pass
 
 
-def _rejected(running, monkeypatch, how, prompt, params, request_id, field, fragment):
+def _rejected(running, spy, how, prompt, params, request_id, field, fragment):
     engine, portal, vocab = running
     prompt = prompt(vocab) if callable(prompt) else prompt
     params = params(vocab) if callable(params) and not isinstance(params, type) else params
-    worker = engine.workers["m"]
-    before = _settle(worker)
-    spy = _Spy(worker)
-    monkeypatch.setattr(worker, "submit", spy)
+    worker, before = spy.worker, spy.before
     with pytest.raises(TokenRouterError) as e:
         portal.call(_consume, engine, how, prompt, params, request_id)
     assert isinstance(e.value, InvalidRequestError), f"{type(e.value).__name__}: {e.value}"
@@ -168,7 +175,7 @@ def _rejected(running, monkeypatch, how, prompt, params, request_id, field, frag
     assert str(e.value).startswith(f"{field}: ") and fragment in str(e.value), str(e.value)
     # none reaches a worker
     assert spy.submitted == []
-    assert not worker.inbox and not worker.core.seqs and not engine.tracker.channels
+    assert not worker.inbox and not live_sequences(worker) and not engine.tracker.channels
     after = worker.stats()
     assert (after.steps, after.tokens_processed) == (before.steps, before.tokens_processed)
     # and the engine goes on serving
@@ -179,37 +186,28 @@ def _rejected(running, monkeypatch, how, prompt, params, request_id, field, frag
 
 @pytest.mark.parametrize("how", ["generate", "stream"])
 @pytest.mark.parametrize("prompt, field, fragment", [pytest.param(*r[1:], id=r[0]) for r in PROMPT_REJECTED])
-def test_bad_prompt_is_rejected_before_any_worker(running, monkeypatch, how, prompt, field, fragment):
-    _rejected(running, monkeypatch, how, prompt, GOOD, None, field, fragment)
+def test_bad_prompt_is_rejected_before_any_worker(running, spy, how, prompt, field, fragment):
+    _rejected(running, spy, how, prompt, GOOD, None, field, fragment)
 
 
 @pytest.mark.parametrize("how", ["generate", "stream"])
 @pytest.mark.parametrize("params, request_id, field, fragment", [pytest.param(*r[1:], id=r[0]) for r in OTHER_REJECTED])
-def test_bad_params_or_request_id_is_rejected_before_any_worker(
-    running, monkeypatch, how, params, request_id, field, fragment
-):
-    _rejected(running, monkeypatch, how, [1, 2, 3], params, request_id, field, fragment)
+def test_bad_params_or_request_id_is_rejected_before_any_worker(running, spy, how, params, request_id, field, fragment):
+    _rejected(running, spy, how, [1, 2, 3], params, request_id, field, fragment)
 
 
 @pytest.mark.parametrize("prompt", [pytest.param(r[1], id=r[0]) for r in PROMPT_ACCEPTED])
-def test_unusual_but_valid_prompts_are_served(running, monkeypatch, prompt):
+def test_unusual_but_valid_prompts_are_served(running, spy, prompt):
     engine, portal, vocab = running
     prompt = prompt(vocab) if callable(prompt) else prompt
-    worker = engine.workers["m"]
-    spy = _Spy(worker)
-    monkeypatch.setattr(worker, "submit", spy)
     out = portal.call(engine.generate, prompt, GOOD)
     room = MAX_MODEL_LEN - len(out.prompt_token_ids)  # max_tokens is capped to what the context holds
     assert out.finish_reason == "length" and len(out.token_ids) == min(GOOD.max_tokens, room)
     assert len(spy.submitted) == 1
 
 
-def test_duplicate_request_id_is_rejected_while_the_first_runs(running, monkeypatch):
+def test_duplicate_request_id_is_rejected_while_the_first_runs(running, spy):
     engine, portal, _ = running
-    worker = engine.workers["m"]
-    _settle(worker)
-    spy = _Spy(worker)
-    monkeypatch.setattr(worker, "submit", spy)
 
     async def main():
         first = engine.stream([1, 2, 3], SamplingParams(temperature=0, max_tokens=40, ignore_eos=True), request_id="r1")
@@ -224,7 +222,7 @@ def test_duplicate_request_id_is_rejected_while_the_first_runs(running, monkeypa
 
     portal.call(main)
     assert spy.submitted == ["r1"]  # only the first
-    _settle(worker)
+    _settle(spy.worker)
     # once it has ended, the id is free again
     assert portal.call(partial(engine.generate, [4, 5], GOOD, request_id="r1")).finish_reason == "length"
 

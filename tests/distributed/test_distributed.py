@@ -143,7 +143,7 @@ def test_stats_metrics_and_measured_transport(engine):
         assert 0 < worker.handoff_delay_s < 1.0, name  # measured at start: half a round trip between the actors
         s = engine.stats()[name]
         assert s.alive and s.kv_blocks_free == s.kv_blocks_total
-    assert engine.workers["small"].host == engine.workers["large"].host  # two Ray nodes, one machine
+    assert len({worker.host for worker in engine.workers.values()}) == 1  # two Ray nodes, one machine
 
 
 def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_delay(engine):
@@ -209,8 +209,8 @@ def test_a_learned_router_travels_to_its_actor_with_the_small_model_in_process(r
 
     async def main():
         async with Engine(models=specs(tiny_pair, placed=("large",)), policy=policy, num_threads=1) as e:
-            assert type(e.workers["large"]).__name__ == "RemoteWorker"
-            assert type(e.workers["small"]).__name__ == "LinkedWorker"
+            kinds = {name: type(worker).__name__ for name, worker in e.workers.items()}
+            assert kinds == {"large": "RemoteWorker", "small": "LinkedWorker"}
             outs = await generate_all(e, prompts, PARAMS)
             await wait_all_free(e)
             return outs

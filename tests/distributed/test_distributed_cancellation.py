@@ -35,8 +35,7 @@ from tests.test_cancellation import (
     start_parties,
 )
 from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
-from tokenrouter.engine.worker.inbox import HandOff
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import handoff_waiting, load_reference_models, reference_generate
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
@@ -69,10 +68,6 @@ def engines(ray_cluster, tiny_pair):
         anyio.run(engine.close)
 
 
-def _has_handoff(request_id, worker) -> bool:
-    return any(isinstance(m, HandOff) and m.req.request_id == request_id for m in worker.inbox.snapshot())
-
-
 async def _cancel(engine, state, means, result):
     """Freeze the gated worker in `state`, cancel the victim by `means` (engine_exit: close the
     engine while frozen), open the gate. Returns the gate."""
@@ -84,7 +79,7 @@ async def _cancel(engine, state, means, result):
     try:
         async with anyio.create_task_group() as tg:
             large = engine.workers["large"]  # the victim's hand-off waits in its inbox, in its actor
-            handed_off = partial(large.inspect, partial(_has_handoff, "victim"))
+            handed_off = partial(large.inspect, partial(handoff_waiting, request_id="victim"))
             await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":

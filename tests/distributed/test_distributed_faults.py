@@ -17,7 +17,7 @@ from tests.helpers import EveryK, RemoteStepGate, generate_all, wait_until
 from tests.ray_processes import wait_gone
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.engine.sequence import SeqStatus
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import break_scheduler, live_sequences, load_reference_models, reference_generate
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -44,7 +44,7 @@ def _pid(worker) -> int:
 
 
 def _running_here(worker) -> bool:
-    return any(s.status is SeqStatus.RUNNING for s in worker.core.seqs.values())
+    return any(s.status is SeqStatus.RUNNING for s in live_sequences(worker).values())
 
 
 def _small_holds_nothing(engine) -> bool:
@@ -98,17 +98,6 @@ def test_killing_the_large_models_actor_mid_run_fails_its_requests_and_nothing_h
     assert ray.is_initialized() and len([n for n in ray.nodes() if n["Alive"]]) == 2  # the cluster runs on
 
 
-def _break_scheduler(worker) -> None:
-    real = worker.core.scheduler.schedule
-
-    def schedule():
-        if worker.core.seqs:  # the first time it has work, the worker's loop breaks
-            raise RuntimeError("injected: scheduler bug")
-        return real()
-
-    worker.core.scheduler.schedule = schedule
-
-
 def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails_its_requests(
     ray_cluster, tiny_pair, refs
 ):
@@ -117,7 +106,8 @@ def test_a_new_engine_on_the_same_cluster_serves_then_a_dead_worker_thread_fails
             outs = await _generate_all(engine, ["a", "b"])
             assert [outs["a"].token_ids, outs["b"].token_ids] == [refs[0].token_ids, refs[1].token_ids]
             assert [outs["a"].token_models, outs["b"].token_models] == [refs[0].token_models, refs[1].token_models]
-            engine.workers["large"].inspect(_break_scheduler)  # the actor lives; its stepping thread will die
+            # the actor lives on; the large model's stepping thread dies once it has work
+            break_scheduler(engine, "large", RuntimeError("injected: scheduler bug"))
             with anyio.fail_after(60):
                 outs = await _generate_all(engine, ["c", "d", "e"])  # each moves to the large model after 3 tokens
             for out in outs.values():

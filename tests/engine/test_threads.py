@@ -15,6 +15,7 @@ from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.model.torch_threads import usable_cores
 from tokenrouter.policies import RStitch
+from tokenrouter.testing import wrap_forward
 
 PARAMS = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 PROMPTS = [[9 + i, 10, 11, 12] for i in range(4)]
@@ -72,16 +73,13 @@ def test_a_forward_restores_its_threads_if_its_thread_changed_them(tiny_pair):
     next forward runs on the engine's count again, and stats report what each step ran on."""
     before = torch.get_num_threads()
 
+    def forward_after_pinning(forward, batch):
+        torch.set_num_threads(1)  # in the worker's thread, right before its forward
+        return forward(batch)
+
     async def main():
         async with Engine(models=_specs({"small": tiny_pair["small"]})) as e:
-            worker = e.workers["small"]
-            real = worker.core.runner.forward
-
-            def forward_after_pinning(batch):
-                torch.set_num_threads(1)  # in the worker's thread, right before its forward
-                return real(batch)
-
-            worker.core.runner.forward = forward_after_pinning
+            wrap_forward(e, "small", forward_after_pinning)
             await generate_all(e, PROMPTS, PARAMS)
             return e.stats()["small"].steps_by_threads
 

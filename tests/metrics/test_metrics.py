@@ -22,6 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import EveryK, StepGate, wait_all_free
 from tokenrouter import LLM, Engine, ModelSpec, SamplingParams
 from tokenrouter.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, ModelMetrics, PrometheusCollector
+from tokenrouter.testing import kv_blocks_in_use, kv_blocks_total, scheduler_queues
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = [3, 5, 7, 9]
@@ -174,13 +175,13 @@ def test_gauges_while_a_worker_is_frozen_mid_request(tiny_pair, tiny_model):
         # One model, one batch slot, three requests: one running, two waiting.
         async with Engine(models=_specs({"m": tiny_model}, max_num_seqs=1), num_threads=1) as engine:
             w = engine.workers["m"]
-            gate = StepGate(w, lambda w: len(w.core.scheduler.running) == 1 and len(w.core.scheduler.waiting) == 2)
+            gate = StepGate(w, lambda w: scheduler_queues(w) == (1, 2))  # (running, waiting)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(engine.generate_batch, [[1, 2, 3], [4, 5], [6]], _greedy(60))
                 await gate.wait_hit()
-                in_use = w.core.blocks.num_blocks - w.core.blocks.num_free
+                in_use = kv_blocks_in_use(w)
                 assert in_use > 0
-                assert engine.metrics().models["m"] == ModelMetrics(in_use, w.core.blocks.num_blocks, 2, 1, 0)
+                assert engine.metrics().models["m"] == ModelMetrics(in_use, kv_blocks_total(w), 2, 1, 0)
                 got = _samples(_scrape(engine))
                 assert got[("tokenrouter_worker_requests", frozenset({"model": "m", "state": "waiting"}.items()))] == 2
                 assert got[("tokenrouter_kv_blocks_in_use", frozenset({"model": "m"}.items()))] == in_use
@@ -194,7 +195,7 @@ def test_gauges_while_a_worker_is_frozen_mid_request(tiny_pair, tiny_model):
         # Two models: while "large" writes, "small" keeps the request parked (pending, KV kept).
         async with Engine(models=_specs(tiny_pair), policy=EveryK(3), num_threads=1) as engine:
             large = engine.workers["large"]
-            gate = StepGate(large, lambda w: len(w.core.scheduler.running) == 1)
+            gate = StepGate(large, lambda w: scheduler_queues(w)[0] == 1)  # one running
             async with anyio.create_task_group() as tg:
                 tg.start_soon(engine.generate, [1, 2, 3], _greedy(8))
                 await gate.wait_hit()

@@ -165,29 +165,30 @@ def test_engine_equals_the_slow_reference(tiny_pair, tokenizer, policy, temperat
 
 
 class CachedBlocksWatch:
-    """Snapshots every block's KV when it enters the prefix cache; `changed()` lists the blocks
-    that still carry that entry but whose KV no longer equals the snapshot (an in-place write)."""
+    """Snapshots every block's KV when it enters a model's prefix cache (its `blocks`, over the
+    tensors of its KV `cache`); `changed()` lists the blocks that still carry that entry but whose
+    KV no longer equals the snapshot (an in-place write)."""
 
-    def __init__(self, core):
-        self.core, self.seen = core, {}
-        real = core.blocks.register_full_blocks
+    def __init__(self, blocks, cache):
+        self.blocks, self.cache, self.seen = blocks, cache, {}
+        real = blocks.register_full_blocks
 
         def register(seq):
             before = set(seq.block_table[: seq.num_hashed_blocks])
             real(seq)
             for block_id in seq.block_table[: seq.num_hashed_blocks]:
-                key = core.blocks.block_keys[block_id]
+                key = blocks.block_keys[block_id]
                 if block_id not in before and key is not None and (block_id, key) not in self.seen:
                     self.seen[(block_id, key)] = self._kv(block_id)
 
-        core.blocks.register_full_blocks = register
+        blocks.register_full_blocks = register
 
     def _kv(self, block_id):
-        bs = self.core.blocks.block_size
-        return [t[block_id * bs : (block_id + 1) * bs].clone() for t in (*self.core.cache.k, *self.core.cache.v)]
+        bs = self.blocks.block_size
+        return [t[block_id * bs : (block_id + 1) * bs].clone() for t in (*self.cache.k, *self.cache.v)]
 
     def changed(self) -> list[int]:
-        keys = self.core.blocks.block_keys
+        keys = self.blocks.block_keys
         return [
             b
             for (b, key), snap in self.seen.items()
@@ -210,7 +211,7 @@ def test_rollback_never_changes_a_cached_block_and_shared_prefixes_stay_correct(
 
     async def main():
         async with Engine(models=specs, policy=Speculative(k=4)) as e:
-            watches = [CachedBlocksWatch(w.core) for w in e.workers.values()]
+            watches = [CachedBlocksWatch(w.core.blocks, w.core.cache) for w in e.workers.values()]
             outs = await _all(e, first) + await _all(e, second)
             await wait_all_free(e)
             return outs, watches, {m: s.prefix_cache_hit_tokens for m, s in e.stats().items()}
