@@ -24,6 +24,7 @@ from tokenrouter.testing import kv_blocks_in_use
 SMALL = LatencyModel(a=0.010, s=0.001, k=0.0002)
 LARGE = LatencyModel(a=0.040, s=0.004, k=0.0008)
 LAT = {"small": SMALL, "large": LARGE}
+AUTO_THREAD = "tokenrouter-auto-batching"  # the name of the throughput model's controller thread
 
 
 def _rt(h_s, h_l, k_s=1.0, k_l=1.0, u_s=0.0, u_l=0.0):
@@ -444,8 +445,8 @@ def test_auto_delayed_batching_equals_no_delayed_batching(tiny_pair, monkeypatch
                     assert st.throughput_prediction is None and st.batch_min == 1
                 else:  # (the tuner may have re-picked since: a prediction, not necessarily that one)
                     assert st.throughput_prediction.tokens_per_s > 0 and st.batch_min >= 1
-            auto_thread = engine.auto_thread
-        assert not any(t.name == "tokenrouter-auto-batching" for t in threading.enumerate())
+            auto_thread = next((t for t in threading.enumerate() if t.name == AUTO_THREAD), None)
+        assert not any(t.name == AUTO_THREAD for t in threading.enumerate())
         if delayed_batching == "auto":
             assert auto_thread is not None and not auto_thread.is_alive()
         return outs

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import threading
 from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,11 +99,6 @@ class Engine:
         self.stuck_workers: list[str] = []  # workers the last close() had to abandon
         self.running = False
         self.request_metrics = RequestMetrics(list(self.specs))  # what metrics() reports of ended requests
-        self.launcher = Launcher(plan, self.dispatch, self.in_flight)
-        self.tracker = RequestTracker(
-            self.policy, self.launcher.before_submit, self.request_metrics.record, self.count_in_flight
-        )
-        self.inputs: InputProcessor | None = None  # once the models are loaded
         self.auto: AutoBatching | None = None  # delayed_batching="auto": autobatch/controller.py
         if plan.auto_batching:
             self.auto = AutoBatching(
@@ -115,20 +109,26 @@ class Engine:
                 workers=lambda: self.workers,
                 loaded=lambda: self.loaded,
                 profiles=lambda: self.profiles,
-                in_flight=self.in_flight,
+                in_flight=self._in_flight,
             )
+        self.launcher = Launcher(plan, self._dispatch, self._in_flight)
+        self.tracker = RequestTracker(
+            self.policy,
+            self.launcher.before_submit,
+            self.request_metrics.record,
+            # the throughput model counts requests as they start and end
+            in_flight_changed=self.auto.count_inflight if self.auto is not None else (lambda: None),
+        )
+        self.inputs: InputProcessor | None = None  # once the models are loaded
 
-    def in_flight(self) -> int:
+    def _in_flight(self) -> int:
         """Requests submitted and not yet ended: what load-aware planners (auto B, Speculative's
         draft length, the actors' copies of the policy) plan for."""
         return len(self.tracker)
 
-    def count_in_flight(self) -> None:
-        if self.auto is not None:
-            self.auto.count_inflight()
-
-    def dispatch(self, events) -> None:
-        """Where every worker delivers each step's events."""
+    def _dispatch(self, events) -> None:
+        """Where every worker delivers each step's events (the tracker is made after the launcher
+        that hands this to the workers)."""
         self.tracker.dispatch(events)
 
     # ---- lifecycle -------------------------------------------------------------------------
@@ -150,12 +150,12 @@ class Engine:
             eos = frozenset().union(*(loaded[m].eos_token_ids for m in self.policy.models))
             grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
             self.policy.validate(dict(loaded))  # e.g. a learned router trained for another pair
-            self.policy.use_in_flight(self.in_flight)
+            self.policy.use_in_flight(self._in_flight)
             self.workers, self.loaded = workers, loaded
             self.tracker.workers, self.tracker.tokenizer = workers, entry.tokenizer
             self.inputs = InputProcessor(entry, workers, self.policy.models, grammars, self.tracker.in_use)
             if self.auto is not None or self.policy.wants_profiles:
-                await self.use_profiles()
+                await self._use_profiles()
         except BaseException:
             await self.launcher.stop(workers, self.options.stop_timeout)
             self.loaded, self.workers = {}, {}
@@ -164,7 +164,7 @@ class Engine:
         if self.auto is not None:
             self.auto.start()  # only with every model's profile
 
-    async def use_profiles(self) -> None:
+    async def _use_profiles(self) -> None:
         """Profile the models (or read their cached profiles) for the throughput model and a
         policy that plans with them; serve anyway if that fails: B = 1, the policy on its defaults."""
         try:
@@ -192,7 +192,8 @@ class Engine:
             self.tracker.end_all(stuck[0], f"the engine closed while worker(s) {stuck} were stuck")
 
     # ---- requests --------------------------------------------------------------------------
-    async def prepare(self, prompt, params, request_id, tools, tool_choice, parallel_tool_calls=True):
+    async def _prepare(self, prompt, params, request_id, tools, tool_choice, parallel_tool_calls=True):
+        """A caller's input checked and turned into requests (one per sample) and its tool-call parser."""
         if not self.running:
             raise EngineNotRunningError(NOT_RUNNING)
         return await self.inputs.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
@@ -225,8 +226,8 @@ class Engine:
         format. `deadline_s`: past it the request ends with finish_reason 'abort'. With
         `params.n > 1`, the output is the first sample's and `completions` holds every sample."""
         check_deadline(deadline_s)
-        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
-        return await self.run(reqs, parser, deadline_s)
+        reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
+        return await self._run(reqs, parser, deadline_s)
 
     async def generate_batch(
         self,
@@ -248,7 +249,7 @@ class Engine:
         prepared = []
         for i, (prompt, p) in enumerate(zip(prompts, each)):
             try:
-                prepared.append(await self.prepare(prompt, p, None, tools, tool_choice, parallel_tool_calls))
+                prepared.append(await self._prepare(prompt, p, None, tools, tool_choice, parallel_tool_calls))
             except InvalidRequestError as e:
                 raise InvalidRequestError(e.field, f"{e.message} (request {i} of {n})") from e
         outs: list[RequestOutput | None] = [None] * n
@@ -256,7 +257,7 @@ class Engine:
 
         async def one(i: int) -> None:
             try:
-                outs[i] = await self.run(*prepared[i], deadline_s)
+                outs[i] = await self._run(*prepared[i], deadline_s)
             except Exception as e:  # e.g. a worker died: raised as itself, not in an exception group
                 errors.append(e)
                 tg.cancel_scope.cancel()  # the others end with the call
@@ -268,7 +269,7 @@ class Engine:
             raise errors[0]
         return outs  # type: ignore[return-value]
 
-    async def run(self, reqs, parser: ToolCallParser | None, deadline_s: float | None = None) -> RequestOutput:
+    async def _run(self, reqs, parser: ToolCallParser | None, deadline_s: float | None = None) -> RequestOutput:
         """A request (its samples) to its end: the first sample's output, with every sample's."""
         procs, finals = {}, {}
         async for i, delta, proc in self.tracker.follow(reqs, parser, deadline_s):
@@ -324,7 +325,7 @@ class Engine:
         as text; the other arguments as for `generate`. With `params.n > 1` the samples' deltas
         interleave, each with its `index`, and each sample has its own last delta."""
         check_deadline(deadline_s)
-        reqs, parser = await self.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
+        reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
         follow = self.tracker.follow(reqs, parser, deadline_s)
         try:
             async for _, delta, _ in follow:
@@ -395,8 +396,3 @@ class Engine:
         if refresh and self.workers and self.profiles:
             self.auto.retune()
         return self.auto.prediction
-
-    @property
-    def auto_thread(self) -> threading.Thread | None:
-        """The throughput model's controller thread, while it runs."""
-        return self.auto.thread if self.auto is not None else None
