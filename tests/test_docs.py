@@ -44,3 +44,21 @@ def test_the_command_reference_is_made_from_the_parser():
     from tokenrouter.cli.reference import reference
 
     assert reference() in (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
+
+
+def test_engines_public_methods_are_documented_and_few():
+    """docs/sdk.md's `Engine` section names every public method and property of `Engine`, and
+    there are at most 14: the engine's own steps stay private, or with the part that owns them."""
+    from tokenrouter import Engine
+
+    public = sorted(
+        name
+        for name, member in vars(Engine).items()
+        if not name.startswith("_") and (callable(member) or isinstance(member, property))
+    )
+    section = (ROOT / "docs" / "sdk.md").read_text(encoding="utf-8").split("\n## `Engine`", 1)[1].split("\n## ", 1)[0]
+    undocumented = [name for name in public if not re.search(rf"`{name}[`(]", section)]
+    assert not undocumented, (
+        f"public methods of Engine that docs/sdk.md's `Engine` section does not name: {undocumented}"
+    )
+    assert len(public) <= 14, f"Engine has {len(public)} public methods and properties, more than 14: {public}"
