@@ -305,7 +305,7 @@ MUTATIONS = [
     Mutation(
         "one-worker-skips-the-grammar",
         "a constrained request's output follows its grammar whichever model writes",
-        "tokenrouter/engine/logits.py",
+        "tokenrouter/engine/step_logits.py",
         "        if seq.req.grammar is None:\n",
         '        if seq.req.grammar is None or self.model == "large":\n',
         ("tests/structured/test_structured_output.py", "-k", "always_validates"),

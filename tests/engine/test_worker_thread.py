@@ -15,9 +15,9 @@ from types import SimpleNamespace
 import pytest
 
 from tokenrouter import SamplingParams
+from tokenrouter.engine.core_stats import CoreStats
 from tokenrouter.engine.outbox import Outbox, PeerHandOff, WorkerEvent
 from tokenrouter.engine.sequence import Request
-from tokenrouter.engine.stats import CoreStats
 from tokenrouter.engine.worker.protocol import WorkerSettings
 from tokenrouter.engine.worker.thread import WorkerThread
 from tokenrouter.policies.base import PeerMessage

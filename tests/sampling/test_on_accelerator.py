@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenrouter import SamplingParams
-from tokenrouter.sampling.logits import LogitsRow, allocate, apply_bitmask, process_logits
+from tokenrouter.sampling.logits_processor import LogitsRow, allocate, apply_bitmask, process_logits
 from tokenrouter.sampling.logprobs import token_logprobs
 from tokenrouter.sampling.penalties import apply_penalties, penalize_rows
 from tokenrouter.sampling.sampler import Sampler, SamplingTensors

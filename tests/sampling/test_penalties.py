@@ -1,4 +1,4 @@
-"""Penalties (sampling/penalties.py, applied in engine/logits.py's StepLogits.process): transformers'
+"""Penalties (sampling/penalties.py, applied in engine/step_logits.py's StepLogits.process): transformers'
 RepetitionPenaltyLogitsProcessor and vLLM's presence/frequency formulas, row by row on the same
 logits; rows that ask for none left bit for bit; greedy decoding under them equal to Hugging
 Face generate, also across hand-offs and with neighbours in the batch."""
@@ -15,8 +15,8 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import VllmPenalties, generate_all, hf_greedy_penalized, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-from tokenrouter.engine.logits import StepLogits
 from tokenrouter.engine.sequence import Request, Sequence
+from tokenrouter.engine.step_logits import StepLogits
 from tokenrouter.sampling.penalties import apply_penalties
 
 VOCAB = 40

@@ -5,7 +5,7 @@ policy's routing and verification.
 lockstep driver) calls every method; each method that changes a request's course writes what
 must go out into an `Outbox` (engine/outbox.py), which the thread delivers.
 
-The step reads top to bottom: schedule, run, process the logits and sample (engine/logits.py),
+The step reads top to bottom: schedule, run, process the logits and sample (engine/step_logits.py),
 verify a verifier's checks (engine/verify.py), route and apply (engine/handoff.py).
 """
 
@@ -21,17 +21,17 @@ from ..errors import ConfigError
 from ..policies.base import HIDDEN, PeerMessage, Policy
 from ..structured.matcher import MAX_ROLLBACK
 from .attention.choice import attention_choice, make_attention_backend
+from .core_stats import CoreCounters, CoreStats
 from .handoff import Routing
 from .kv.block_manager import BlockManager
 from .kv.cache import KVCache, KVLayout
-from .logits import StepLogits
 from .model.loader import LoadedModel, load_model
 from .model.runner import ForwardOutput, ModelRunner
 from .outbox import Outbox, WorkerEvent
 from .sched.batch import ScheduledBatch
 from .sched.scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
-from .stats import CoreCounters, CoreStats
+from .step_logits import StepLogits
 from .verify import Verification
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Each worker keeps its own matcher per request and derives its state from the tok
 `advance` accepts whatever it has not seen (its own tokens, or a catch-up's written by a peer),
 and `truncate` follows a rollback. So nothing of a matcher travels in a hand-off, and a worker
 in another process would do the same. The masks themselves are built and applied by the logits
-processor (`sampling/logits.py`), only for the rows that are constrained: unconstrained
+processor (`sampling/logits_processor.py`), only for the rows that are constrained: unconstrained
 neighbours stay bit-identical.
 """
 

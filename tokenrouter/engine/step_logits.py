@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling.logits import LogitsRow, process_logits
+from ..sampling.logits_processor import LogitsRow, process_logits
 from ..sampling.logprobs import token_logprobs
 from ..sampling.sampler import Sampler, SamplingTensors
 from ..structured.matcher import MAX_ROLLBACK, GrammarState

@@ -70,5 +70,5 @@ class CoreStats:
     cuda_graph_batch_sizes: list[int]
     torch_threads: int | None
     steps_by_threads: dict[int, int]
-    attention_fallback: str | None = None  # why attention_backend="auto" runs torch's (worker/stats.py)
+    attention_fallback: str | None = None  # why attention_backend="auto" runs torch's (engine/worker/stats.py)
     cuda_graph_error: str | None = None  # why capturing CUDA graphs failed
