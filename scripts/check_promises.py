@@ -40,10 +40,12 @@ MUTATIONS = [
         "abort-keeps-pending-kv",
         "an abort frees the request's KV on every worker, pending copies included",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n            self.drop(seq)\n            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            self._held.drop(seq)\n"
+        "            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
-        "                self.drop(seq)\n",
+        "                self._held.drop(seq)\n",
         ("tests/test_cancellation.py", "-k", "pending_at_peer"),
     ),
     Mutation(
@@ -114,7 +116,7 @@ MUTATIONS = [
     Mutation(
         "ends-twice",
         "every request ends exactly once",
-        "tokenrouter/engine/model_core.py",
+        "tokenrouter/engine/held_requests.py",
         "        out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n",
         "        out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))\n"
         "        out.events.append(self.event(seq, [], finish_reason=reason, error=error))\n",
@@ -124,10 +126,12 @@ MUTATIONS = [
         "abort-keeps-pending-kv-fuzz",
         "random interleavings keep every invariant (here: pools end free)",
         "tokenrouter/engine/model_core.py",
-        "            owner = seq.status is not SeqStatus.PENDING\n            self.drop(seq)\n            if owner:\n",
+        "            owner = seq.status is not SeqStatus.PENDING\n"
+        "            self._held.drop(seq)\n"
+        "            if owner:\n",
         "            owner = seq.status is not SeqStatus.PENDING\n"
         "            if owner:\n"
-        "                self.drop(seq)\n",
+        "                self._held.drop(seq)\n",
         ("tests/test_concurrency.py", "-k", "interleavings"),
     ),
     Mutation(

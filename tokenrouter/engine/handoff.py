@@ -10,16 +10,15 @@ policy's limit, the verifier takes it (engine/verify.py).
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..policies.base import ENTROPY, TOKEN_EMBEDDING, PeerMessage, StepResult, normalized_entropy
+from ..policies.base import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
+from .core_stats import CoreCounters
+from .held_requests import HeldRequests
 from .outbox import Outbox, PeerHandOff
+from .role import Role
 from .sequence import Sequence
-
-if TYPE_CHECKING:
-    from .model_core import ModelCore
 
 log = logging.getLogger(__name__)
 
@@ -27,49 +26,65 @@ MAX_STALLS = 8  # hand-offs in a row without a new token before a request is fai
 
 
 class Routing:
-    """One core's side of routing: it asks the core's policy, and applies the answer through the
-    core's bookkeeping (`ModelCore.end`, `event`, `drop`)."""
+    """One core's side of routing: it asks the policy, and applies the answer to the requests
+    the core holds (`HeldRequests`: end, event, drop, park), counting in the core's counters.
 
-    def __init__(self, core: ModelCore):
-        self.core = core
-        self.policy = core.policy
+    `embedding` is the model's input embedding where the policy asks for the sampled tokens'
+    (`TOKEN_EMBEDDING`), else None. `keep_kv` False is the standard-serving baseline: a hand-off
+    frees this worker's KV and goes back to the caller, who re-sends the whole sequence."""
+
+    def __init__(
+        self,
+        role: Role,
+        policy: Policy,
+        held: HeldRequests,
+        counters: CoreCounters,
+        eos_token_ids: frozenset[int],
+        embedding: torch.nn.Module | None,
+        keep_kv: bool,
+    ):
+        self.role = role
+        self.policy = policy
+        self.held = held
+        self.counters = counters
+        self.eos_token_ids = eos_token_ids
+        self.embedding = embedding
+        self.keep_kv = keep_kv
 
     def decide(
         self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor, out: Outbox
     ) -> tuple[list | None, list | None] | None:
         """The policy's decision per row (keep the token? which model next?); (None, None) when
         not routing; None when the policy raised, which fails the requests of this call only."""
-        core = self.core
-        if core.routing:
+        if self.role.routes:
             try:
                 keep, next_model = self.ask_policy(seqs, logits, hidden, sampled)
             except Exception as e:
-                log.exception("model %r: policy.route failed", core.name)
+                log.exception("model %r: policy.route failed", self.role.name)
                 msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
                 for seq in seqs:
-                    core.end(seq, out, "error", msg)
+                    self.held.end(seq, out, "error", msg)
                 return None
         else:
             keep, next_model = None, None
-        core.counters.rows_sampled += len(seqs)
-        core.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
+        self.counters.rows_sampled += len(seqs)
+        self.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
         return keep, next_model
 
     def ask_policy(
         self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor
     ) -> tuple[list, list]:
-        core, requires = self.core, self.policy.requires
-        embed = core.loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in requires else None
-        tentative = [len(s.token_ids) + 1 - s.num_confirmed for s in seqs] if core.drafts else None
+        role, embed = self.role, self.embedding
+        tentative = [len(s.token_ids) + 1 - s.num_confirmed for s in seqs] if role.drafts else None
         result = StepResult(
-            model=core.name,
-            model_index=core.model_index,
+            model=role.name,
+            model_index=role.index,
             request_ids=[s.request_id for s in seqs],
             tokens=sampled,
             logits=logits,
             num_generated=torch.tensor([s.num_generated for s in seqs]),
             states=[s.policy_state for s in seqs],
-            entropy=normalized_entropy(logits) if ENTROPY in requires else None,
+            entropy=normalized_entropy(logits) if ENTROPY in self.policy.requires else None,
             hidden=hidden,
             token_embedding=embed(sampled) if embed is not None else None,
             params=[s.req.params for s in seqs],
@@ -97,7 +112,7 @@ class Routing:
         next_model: list | None,
         out: Outbox,
     ) -> None:
-        here = self.core.model_index
+        here = self.role.index
         for i, seq in enumerate(seqs):
             kept = keep is None or keep[i]
             target = here if next_model is None else next_model[i]
@@ -106,50 +121,49 @@ class Routing:
     def apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox, record=None) -> None:
         """One request's outcome of a step: append the token (if kept), finish, stay, or hand off.
         `record` is the token's TokenLogprob when the request asks; a tentative token's waits with it."""
-        core = self.core
+        role, held = self.role, self.held
         new = [token] if kept else []
         logprobs = [record] if kept and record is not None else None
         if kept:
             seq.token_ids.append(token)
             seq.stalls = 0
             req = seq.req
-            stop = (token in core.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
+            stop = (token in self.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
             full = seq.num_generated >= req.max_tokens
-            if core.drafts:
+            if role.drafts:
                 if record is not None:
                     seq.draft_logprobs[len(seq.token_ids) - 1] = record
                 if stop or full or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
-                    target = core.verifier_index
+                    target = role.verifier_index
             else:
                 seq.num_confirmed = len(seq.token_ids)
                 if stop:
-                    return core.end(seq, out, "stop", tokens=new, logprobs=logprobs)
+                    return held.end(seq, out, "stop", tokens=new, logprobs=logprobs)
                 if full:
-                    return core.end(seq, out, "length", tokens=new, logprobs=logprobs)
-        reported = [] if core.drafts else new
+                    return held.end(seq, out, "length", tokens=new, logprobs=logprobs)
+        reported = [] if role.drafts else new
         if not reported:
             logprobs = None
-        if target == core.model_index:
+        if target == role.index:
             if not kept:
-                return core.end(seq, out, "error", "policy discarded a token without handing the request off")
+                return held.end(seq, out, "error", "policy discarded a token without handing the request off")
             if reported:
-                out.events.append(core.event(seq, reported, logprobs))
+                out.events.append(held.event(seq, reported, logprobs))
             return
         if not kept:
             seq.stalls += 1
             if seq.stalls > MAX_STALLS:
-                return core.end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
+                return held.end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
         self.hand_off(seq, self.policy.models[target], reported, logprobs, out)
 
     def hand_off(self, seq: Sequence, name: str, reported: list[int], logprobs: list | None, out: Outbox) -> None:
         """Park here with blocks kept, and send the peer the suffix it has not seen."""
-        core = self.core
-        ev = core.event(seq, reported, logprobs, handoff_to=name)
+        ev = self.held.event(seq, reported, logprobs, handoff_to=name)
         out.events.append(ev)
-        known = seq.peer_known.get(name, 0) if core.keep_kv_on_handoff else 0
+        known = seq.peer_known.get(name, 0) if self.keep_kv else 0
         msg = PeerMessage(
             seq.request_id,
-            core.name,
+            self.role.name,
             name,
             seq.token_ids[known:],
             start=known,
@@ -160,12 +174,12 @@ class Routing:
         try:
             msg = self.policy.send(msg, seq.policy_state)
         except Exception as e:
-            return core.end(seq, out, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
-        core.counters.handoffs_sent += 1
-        if not core.keep_kv_on_handoff:  # standard-serving baseline: free KV, the caller re-sends
-            core.drop(seq)
+            return self.held.end(seq, out, "error", f"policy {type(self.policy).__name__}.send failed: {e}")
+        self.counters.handoffs_sent += 1
+        if not self.keep_kv:  # standard-serving baseline: free KV, the caller re-sends
+            self.held.drop(seq)
             ev.resubmit = msg
             return
         seq.peer_known[name] = len(seq.token_ids)
-        core.scheduler.park(seq)
+        self.held.park(seq)
         out.handoffs.append(PeerHandOff(name, msg, seq.req))

@@ -6,7 +6,9 @@ lockstep driver) calls every method; each method that changes a request's course
 must go out into an `Outbox` (engine/outbox.py), which the thread delivers.
 
 The step reads top to bottom: schedule, run, process the logits and sample (engine/step_logits.py),
-verify a verifier's checks (engine/verify.py), route and apply (engine/handoff.py).
+verify a verifier's checks (engine/verify.py), route and apply (engine/handoff.py). `Routing` and
+`Verification` are given the parts of the core they work on (the requests it holds, its counters,
+its KV pool), never the core itself, so calls go one way: down from here.
 """
 
 from __future__ import annotations
@@ -18,16 +20,18 @@ from dataclasses import dataclass
 
 from ..config import ModelSpec, SamplingParams
 from ..errors import ConfigError
-from ..policies.base import HIDDEN, PeerMessage, Policy
+from ..policies.base import HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy
 from ..structured.matcher import MAX_ROLLBACK
 from .attention.choice import attention_choice, make_attention_backend
 from .core_stats import CoreCounters, CoreStats
 from .handoff import Routing
+from .held_requests import HeldRequests
 from .kv.block_manager import BlockManager
 from .kv.cache import KVCache, KVLayout
 from .model.loader import LoadedModel, load_model
 from .model.runner import ForwardOutput, ModelRunner
 from .outbox import Outbox, WorkerEvent
+from .role import Role
 from .sched.batch import ScheduledBatch
 from .sched.scheduler import Scheduler
 from .sequence import Request, SeqStatus, Sequence
@@ -87,24 +91,15 @@ class ModelCore:
         self.name = name
         self.spec = spec
         self.policy = policy
-        self.routing = name in policy.models and len(policy.models) > 1
-        self.model_index = policy.models.index(name) if name in policy.models else -1
-        # verifying policies (policies/base.py): the verifier checks what the other models wrote,
-        # which stays tentative until then; this core either verifies or drafts
-        verifier = policy.verifier if self.routing else None
-        self.verifier_index = policy.models.index(verifier) if verifier is not None else None
-        self.verifies = verifier == name
-        self.drafts = verifier is not None and not self.verifies
+        self.role = Role.in_policy(name, policy)
         # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
         self.keep_kv_on_handoff = keep_kv_on_handoff
         self.seqs: dict[str, Sequence] = {}
         self.counters = CoreCounters()
         # a verifier's grammar matchers roll back a whole check
-        depth = max(MAX_ROLLBACK, policy.max_draft + 1) if self.verifier_index is not None else MAX_ROLLBACK
-        self.logits = StepLogits(name, depth)
-        self.handoffs = Routing(self)
-        self.verification = Verification(self)
+        depth = max(MAX_ROLLBACK, policy.max_draft + 1) if self.role.verifier_index is not None else MAX_ROLLBACK
+        self._logits = StepLogits(name, depth)
         self.loaded: LoadedModel | None = None  # the rest is set by load()
         self.runner: ModelRunner | None = None
         self.cache: KVCache | None = None
@@ -113,19 +108,27 @@ class ModelCore:
         self.attention_backend = ""  # "torch", "cpu" or "flashinfer", chosen at load
         self.attention_fallback: str | None = None  # why "auto" runs torch's backend on CUDA, if it does
         self.torch_threads: int | None = None  # torch threads its forwards run on
+        self._held: HeldRequests | None = None  # the requests in seqs, kept in step with the scheduler
+        self._routing: Routing | None = None
+        self._verification: Verification | None = None
 
     # ---- set-up ----------------------------------------------------------------------------
     def load(self, compute: Callable | None = None, forward_threads: int | None = None) -> LoadedModel:
         """Load the model and allocate the KV pool, in the thread that will step this core.
         `compute` runs each forward elsewhere (the shared CPU compute thread), on `forward_threads`."""
         loaded = load_model(self.name, self.spec, forward_threads)
-        capture = self.routing and HIDDEN in self.policy.requires
+        capture = self.role.routes and HIDDEN in self.policy.requires
         rt = build_runtime(self.name, self.spec, loaded, capture, compute, forward_threads)
         self.cache, self.blocks, self.scheduler, self.runner = rt.cache, rt.blocks, rt.scheduler, rt.runner
         self.attention_backend = rt.attention_backend
         self.attention_fallback = rt.attention_fallback
         self.torch_threads = forward_threads
         self.loaded = loaded
+        self._held = held = HeldRequests(self.name, self.seqs, rt.scheduler)
+        eos = loaded.eos_token_ids
+        embedding = loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in self.policy.requires else None
+        self._routing = Routing(self.role, self.policy, held, self.counters, eos, embedding, self.keep_kv_on_handoff)
+        self._verification = Verification(self.role, self.policy, held, self._logits, rt.blocks, rt.cache, eos)
         return loaded
 
     @property
@@ -143,7 +146,7 @@ class ModelCore:
         seq = Sequence(req, token_ids=list(req.prompt_ids), num_confirmed=len(req.prompt_ids))
         if req.params.prompt_logprobs is not None:
             seq.prompt_logprobs = []
-        self.admit(seq)
+        self._held.admit(seq)
 
     def receive(
         self, msg: PeerMessage, req: Request, out: Outbox, refuse: bool = False, error: str | None = None
@@ -155,22 +158,23 @@ class ModelCore:
         seq = self.seqs.get(msg.request_id)
         if req.aborted or refuse:  # aborted in transit: end it here
             failed = refuse and error is not None and not req.aborted
-            return self.end_arrival(seq, req.request_id, "error" if failed else "abort", error if failed else None, out)
+            reason, error = ("error", error) if failed else ("abort", None)
+            return self._end_arrival(seq, req.request_id, reason, error, out)
         held = len(seq.token_ids) if seq is not None else 0
-        if seq is not None and msg.start < held and self.verifier_index is not None:
-            held = self.verification.supersede(seq, msg)  # a message is authoritative from its start
+        if seq is not None and msg.start < held and self.role.verifier_index is not None:
+            held = self._verification.supersede(seq, msg)  # a message is authoritative from its start
         if not msg.start <= held <= msg.start + len(msg.tokens):  # a gap, or the sender knows less than us
             error = (
                 f"hand-off from {msg.source!r} carries tokens [{msg.start}, {msg.start + len(msg.tokens)}) "
                 f"but {self.name!r} holds {held}"
             )
-            return self.end_arrival(seq, req.request_id, "error", error, out)
+            return self._end_arrival(seq, req.request_id, "error", error, out)
         # With three or more models a third one may have sent us part of the suffix already.
         new_tokens = msg.tokens[held - msg.start :]
         if seq is None:
             seq = Sequence(req, token_ids=list(new_tokens))
             self.policy.receive(msg, seq.policy_state)
-            self.admit(seq)
+            self._held.admit(seq)
         else:
             seq.token_ids.extend(new_tokens)
             self.policy.receive(msg, seq.policy_state)
@@ -179,17 +183,17 @@ class ModelCore:
         if msg.logprobs or seq.draft_logprobs:  # the drafters' records of what is still tentative
             merged = {**seq.draft_logprobs, **{p: r for p, r in msg.logprobs.items() if p >= held}}
             seq.draft_logprobs = {p: r for p, r in merged.items() if p >= seq.num_confirmed}
-        if self.verifies and len(seq.token_ids) > seq.num_confirmed:
-            self.verification.check(seq, msg.source)
+        if self.role.verifies and len(seq.token_ids) > seq.num_confirmed:
+            self._verification.check(seq, msg.source)
         seq.peer_known[msg.source] = len(seq.token_ids)
         seq.stalls = msg.stalls
         self.counters.catchups += 1
         self.counters.catchup_tokens += seq.num_uncomputed
 
-    def end_arrival(self, seq: Sequence | None, request_id: str, reason: str, error: str | None, out: Outbox) -> None:
+    def _end_arrival(self, seq: Sequence | None, request_id: str, reason: str, error: str | None, out: Outbox) -> None:
         """A hand-off that ends on arrival (aborted in transit, refused, or inconsistent)."""
         if seq is not None:
-            self.drop(seq)
+            self._held.drop(seq)
         out.events.append(WorkerEvent(request_id, [], self.name, finish_reason=reason, error=error))
         out.releases.append(request_id)
 
@@ -198,21 +202,21 @@ class ModelCore:
         seq = self.seqs.get(request_id)
         if seq is not None:
             owner = seq.status is not SeqStatus.PENDING
-            self.drop(seq)
+            self._held.drop(seq)
             if owner:
-                out.events.append(self.event(seq, finish_reason="abort"))
+                out.events.append(self._held.event(seq, finish_reason="abort"))
 
     def release(self, request_id: str) -> None:
         """Drop the pending copy of a request that ended elsewhere."""
         seq = self.seqs.get(request_id)
         if seq is not None:
-            self.drop(seq)
+            self._held.drop(seq)
 
     def end_request(self, request_id: str, reason: str, error: str | None, out: Outbox) -> None:
         """End a request here and everywhere (a hand-off its peer refused)."""
         seq = self.seqs.get(request_id)
         if seq is not None:
-            self.end(seq, out, reason, error)
+            self._held.end(seq, out, reason, error)
         else:
             out.events.append(WorkerEvent(request_id, [], self.name, finish_reason=reason, error=error))
 
@@ -223,7 +227,7 @@ class ModelCore:
             self.scheduler.remove(seq)
             if owner:
                 out.releases.append(seq.request_id)  # free its pending copies on the other workers
-                out.events.append(self.event(seq, finish_reason=reason, error=error))
+                out.events.append(self._held.event(seq, finish_reason=reason, error=error))
         self.seqs.clear()
 
     # ---- the step --------------------------------------------------------------------------
@@ -233,37 +237,37 @@ class ModelCore:
         out = Outbox()
         batch, failed = self.scheduler.schedule()
         for seq, exc in failed:
-            self.end(seq, out, "error", str(exc))
+            self._held.end(seq, out, "error", str(exc))
         if batch is not None:
             try:
-                self.run_and_apply(batch, out)
+                self._run_and_apply(batch, out)
             except Exception as e:  # a failed forward fails its batch, not the worker
                 log.exception("model %r: step failed", self.name)
                 msg = f"model {self.name!r} step failed: {type(e).__name__}: {e}"
                 for seq in batch.seqs:
                     if self.seqs.get(seq.request_id) is seq and seq.status is not SeqStatus.PENDING:
-                        self.end(seq, out, "error", msg)
+                        self._held.end(seq, out, "error", msg)
         self.counters.time_step += time.perf_counter() - t_start
         return out
 
-    def run_and_apply(self, batch: ScheduledBatch, out: Outbox) -> None:
-        forward = self.run(batch)
+    def _run_and_apply(self, batch: ScheduledBatch, out: Outbox) -> None:
+        forward = self._run(batch)
         if forward.prompt:
-            self.logits.score_prompts(batch, forward.prompt)
+            self._logits.score_prompts(batch, forward.prompt)
         seqs = [batch.seqs[r] for r in forward.sample_rows]
         if not seqs:
             return
-        logits, hidden = self.logits.process(seqs, forward.logits), forward.hidden
-        sampled = self.logits.sample(seqs, logits)
+        logits, hidden = self._logits.process(seqs, forward.logits), forward.hidden
+        sampled = self._logits.sample(seqs, logits)
         if forward.verify:  # a verifier's checks: accept, roll back, write the next position
-            v = self.verification.run(forward, seqs, sampled, logits, out)
+            v = self._verification.run(forward, seqs, sampled, logits, out)
             seqs, sampled, logits, hidden = v.seqs, v.tokens, v.logits, v.hidden
-        records = self.logits.token_logprobs(seqs, logits, sampled)
-        decision = self.handoffs.decide(seqs, logits, hidden, sampled, out)
+        records = self._logits.token_logprobs(seqs, logits, sampled)
+        decision = self._routing.decide(seqs, logits, hidden, sampled, out)
         if decision is not None:
-            self.handoffs.apply(seqs, sampled.tolist(), records, *decision, out)
+            self._routing.apply(seqs, sampled.tolist(), records, *decision, out)
 
-    def run(self, batch: ScheduledBatch) -> ForwardOutput:
+    def _run(self, batch: ScheduledBatch) -> ForwardOutput:
         """The forward, and what it computed: each row's new tokens now hold KV here."""
         fwd = self.runner.forward(batch)
         c = self.counters
@@ -280,39 +284,6 @@ class ModelCore:
         c.tokens_processed += n_tokens
         c.step_tokens[n_tokens] = c.step_tokens.get(n_tokens, 0) + 1
         return fwd
-
-    # ---- bookkeeping (also for engine/handoff.py and engine/verify.py) -----------------------
-    def admit(self, seq: Sequence) -> None:
-        self.seqs[seq.request_id] = seq
-        self.scheduler.add(seq)
-
-    def drop(self, seq: Sequence) -> None:
-        """Forget a request here and free its blocks."""
-        self.scheduler.remove(seq)
-        self.seqs.pop(seq.request_id, None)
-
-    def end(self, seq: Sequence, out: Outbox, reason: str, error: str | None = None, tokens=(), logprobs=None) -> None:
-        """The request ends here: free it on this worker and every peer, and tell the caller."""
-        self.drop(seq)
-        out.releases.append(seq.request_id)
-        out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))
-
-    def event(self, seq: Sequence, tokens: list[int] | None = None, logprobs: list | None = None, **kw) -> WorkerEvent:
-        """An event of this model's; the first once the prompt is scored carries its records."""
-        fed, seq.num_fed = seq.num_fed, 0
-        prompt = None
-        if seq.prompt_logprobs is not None and not seq.prompt_logprobs_sent and not seq.needs_prompt_logits:
-            prompt, seq.prompt_logprobs_sent = [None, *seq.prompt_logprobs], True
-        return WorkerEvent(
-            seq.request_id,
-            tokens or [],
-            self.name,
-            num_fed=fed,
-            num_cached_prompt=seq.num_cached_prompt,
-            logprobs=logprobs,
-            prompt_logprobs=prompt,
-            **kw,
-        )
 
     # ---- reports ---------------------------------------------------------------------------
     def stats(self) -> CoreStats:

@@ -11,17 +11,18 @@ next position itself.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..policies.base import PeerMessage, Verdict, VerifyResult
+from ..policies.base import PeerMessage, Policy, Verdict, VerifyResult
+from .held_requests import HeldRequests
+from .kv.block_manager import BlockManager
+from .kv.cache import KVCache
 from .model.runner import ForwardOutput
 from .outbox import Outbox, WorkerEvent
+from .role import Role
 from .sequence import Sequence
-
-if TYPE_CHECKING:
-    from .model_core import ModelCore
+from .step_logits import StepLogits
 
 
 @dataclass
@@ -37,19 +38,35 @@ class Verified:
 
 
 class Verification:
-    """One core's side of verification: the verifier's checks, and the rollbacks both sides make."""
+    """One core's side of verification: the verifier's checks, and the rollbacks both sides make.
+    It processes and samples a check's rows with the core's `StepLogits`, ends or reports the
+    requests the core holds (`HeldRequests`), and cuts a rolled-back request's KV in the core's
+    pool: its blocks (`BlockManager.truncate`) and their contents (`KVCache.copy_blocks`)."""
 
-    def __init__(self, core: ModelCore):
-        self.core = core
-        self.policy = core.policy
+    def __init__(
+        self,
+        role: Role,
+        policy: Policy,
+        held: HeldRequests,
+        logits: StepLogits,
+        blocks: BlockManager,
+        cache: KVCache,
+        eos_token_ids: frozenset[int],
+    ):
+        self.role = role
+        self.policy = policy
+        self.held = held
+        self.logits = logits
+        self.blocks = blocks
+        self.cache = cache
+        self.eos_token_ids = eos_token_ids
 
     def check(self, seq: Sequence, source: str) -> None:
         """The tokens from seq.num_confirmed on are tentative: the next forward that reaches the
         end computes the verifier's logits over them (from the position before the first)."""
-        core = self.core
         seq.verify_start, seq.verify_source = seq.num_confirmed, source
         if seq.num_computed > seq.verify_start - 1:  # that position's logits are not computed again otherwise
-            core.cache.copy_blocks(core.blocks.truncate(seq, seq.verify_start - 1))
+            self.cache.copy_blocks(self.blocks.truncate(seq, seq.verify_start - 1))
 
     def supersede(self, seq: Sequence, msg: PeerMessage) -> int:
         """A message replaces what we hold from its start on: keep the tokens it agrees with, roll
@@ -64,13 +81,12 @@ class Verification:
     def rollback(self, seq: Sequence, n: int) -> None:
         """Keep the first n tokens: the rest, and their KV, go (the KV's blocks copied on write
         where the prefix cache or another request holds them); peers are told again from there."""
-        core = self.core
         del seq.token_ids[n:]
         if seq.grammar is not None:
             seq.grammar.truncate(n, seq.token_ids)
         if seq.draft_logprobs:
             seq.draft_logprobs = {p: r for p, r in seq.draft_logprobs.items() if p < n}
-        core.cache.copy_blocks(core.blocks.truncate(seq, min(seq.num_computed, n)))
+        self.cache.copy_blocks(self.blocks.truncate(seq, min(seq.num_computed, n)))
         for peer in seq.peer_known:
             seq.peer_known[peer] = min(seq.peer_known[peer], n)
         seq.num_confirmed = min(seq.num_confirmed, n)
@@ -82,7 +98,7 @@ class Verification:
         tentative tokens; they are reported (written by their drafter), the rest roll back, and
         the verifier writes the next position: the token the policy gives, else one sampled from
         its own distribution there."""
-        step_logits = self.core.logits
+        step_logits = self.logits
         checks = [i for i, r in enumerate(fwd.sample_rows) if r in fwd.verify]
         spans = step_logits.process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])
         verdict = self.ask_policy([seqs[i] for i in checks], spans)
@@ -115,7 +131,6 @@ class Verification:
         return Verified([seqs[i] for i in keep], tokens[keep], logits[keep], hidden)
 
     def ask_policy(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> Verdict:
-        core = self.core
         counts = [span.shape[0] - 1 for span in spans]
         width = max(counts)
         drafts = torch.full((len(seqs), width), -1, dtype=torch.long)
@@ -124,8 +139,8 @@ class Verification:
             drafts[j, : counts[j]] = torch.tensor(seq.token_ids[seq.verify_start :])
             logits[j, : counts[j] + 1] = span
         result = VerifyResult(
-            model=core.name,
-            model_index=core.model_index,
+            model=self.role.name,
+            model_index=self.role.index,
             request_ids=[s.request_id for s in seqs],
             sources=[s.verify_source for s in seqs],
             start=torch.tensor([s.verify_start for s in seqs]),
@@ -150,14 +165,14 @@ class Verification:
         """Report accepted tentative tokens as their drafter's (with the drafter's logprobs, when
         asked); True if the request ends on one of them (its EOS, a stop token, or max_tokens),
         which ends it here."""
-        core, req = self.core, seq.req
+        req = seq.req
         records = None
         if req.params.logprobs is not None:
             records = [seq.draft_logprobs.pop(start + j) for j in range(len(accepted))]
         for j, token in enumerate(accepted):
-            stop = (token in core.loaded.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
+            stop = (token in self.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
             if stop or start + j + 1 - req.num_prompt_tokens >= req.max_tokens:
-                core.drop(seq)
+                self.held.drop(seq)
                 out.releases.append(seq.request_id)
                 out.events.append(
                     WorkerEvent(
@@ -168,7 +183,7 @@ class Verification:
                         logprobs=None if records is None else records[: j + 1],
                     )
                 )
-                out.events.append(core.event(seq, finish_reason="stop" if stop else "length"))
+                out.events.append(self.held.event(seq, finish_reason="stop" if stop else "length"))
                 return True
         if accepted:
             out.events.append(
