@@ -30,13 +30,13 @@ from .throughput_model import RoutingStats, ThroughputPrediction, choose_b
 if TYPE_CHECKING:
     from ..config import AutoBatchingOptions, ModelSpec
     from ..engine.model.loader import LoadedModel
-    from ..engine.worker.thread import WorkerThread
+    from ..engine.worker.protocol import Worker
     from ..policies import Policy
 
 log = logging.getLogger(__name__)
 
 
-async def profile_workers(workers: Mapping[str, WorkerThread], refresh: bool = False) -> dict[str, LatencyProfile]:
+async def profile_workers(workers: Mapping[str, Worker], refresh: bool = False) -> dict[str, LatencyProfile]:
     """Each worker's step-latency profile: from the cache under the store home, else measured now in
     the worker's own thread, between its steps, one model at a time, and cached."""
     out: dict[str, LatencyProfile] = {}
@@ -76,7 +76,7 @@ class AutoBatching:
         specs: Mapping[str, ModelSpec],
         batch_wait_s: float,
         options: AutoBatchingOptions,
-        workers: Callable[[], Mapping[str, WorkerThread]],
+        workers: Callable[[], Mapping[str, Worker]],
         loaded: Callable[[], Mapping[str, LoadedModel]],
         profiles: Callable[[], Mapping[str, LatencyProfile]],
         in_flight: Callable[[], int],
@@ -240,7 +240,7 @@ class AutoBatching:
                 latency[m] = calibrate(profiles[m].table, o)
             C = min(self._concurrency, self._MAX_MODEL_CONCURRENCY)
             sigma = self._shared_device(names)
-            turns = all(workers[m].core_share is not None for m in names)  # on one CPU the workers take turns
+            turns = all(workers[m].takes_turns for m in names)  # on one CPU the workers take turns
             bound = self.options.latency_bound_s
             # a hand-off's time between the workers (0 in one process; measured between Ray actors)
             delay = sum(workers[m].handoff_delay_s for m in names) / len(names)

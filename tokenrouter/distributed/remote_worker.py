@@ -47,7 +47,7 @@ class FleetHooks(Protocol):
 
 
 class RemoteWorker:
-    core_share = None  # workers in actors never take turns on the caller's cores
+    takes_turns = False  # workers in actors never take turns on the caller's cores
 
     def __init__(self, name: str, spec: ModelSpec, handle, fleet: FleetHooks, ray, sender: str, batch_min: int):
         self.name = name

@@ -154,6 +154,11 @@ class WorkerThread:
         return self.core.routing_counters()
 
     @property
+    def takes_turns(self) -> bool:
+        """Whether its steps take turns on this process's CPU cores with the other workers'."""
+        return self.core_share is not None
+
+    @property
     def capacity_tokens(self) -> int:
         """Tokens the KV pool holds (a request must fit whole); the core must be loaded."""
         return self.core.blocks.capacity_tokens
