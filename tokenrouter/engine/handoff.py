@@ -58,7 +58,7 @@ class Routing:
         not routing; None when the policy raised, which fails the requests of this call only."""
         if self.role.routes:
             try:
-                keep, next_model = self.ask_policy(seqs, logits, hidden, sampled)
+                keep, next_model = self._ask_policy(seqs, logits, hidden, sampled)
             except Exception as e:
                 log.exception("model %r: policy.route failed", self.role.name)
                 msg = f"policy {type(self.policy).__name__}.route failed: {type(e).__name__}: {e}"
@@ -71,7 +71,7 @@ class Routing:
         self.counters.tokens_kept += len(seqs) if keep is None else sum(map(bool, keep))
         return keep, next_model
 
-    def ask_policy(
+    def _ask_policy(
         self, seqs: list[Sequence], logits: torch.Tensor, hidden, sampled: torch.Tensor
     ) -> tuple[list, list]:
         role, embed = self.role, self.embedding
@@ -116,9 +116,9 @@ class Routing:
         for i, seq in enumerate(seqs):
             kept = keep is None or keep[i]
             target = here if next_model is None else next_model[i]
-            self.apply_one(seq, tokens[i], kept, target, out, None if records is None else records[i])
+            self._apply_one(seq, tokens[i], kept, target, out, None if records is None else records[i])
 
-    def apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox, record=None) -> None:
+    def _apply_one(self, seq: Sequence, token: int, kept: bool, target: int, out: Outbox, record=None) -> None:
         """One request's outcome of a step: append the token (if kept), finish, stay, or hand off.
         `record` is the token's TokenLogprob when the request asks; a tentative token's waits with it."""
         role, held = self.role, self.held
@@ -154,9 +154,9 @@ class Routing:
             seq.stalls += 1
             if seq.stalls > MAX_STALLS:
                 return held.end(seq, out, "error", f"policy handed the request off {seq.stalls} times without a token")
-        self.hand_off(seq, self.policy.models[target], reported, logprobs, out)
+        self._hand_off(seq, self.policy.models[target], reported, logprobs, out)
 
-    def hand_off(self, seq: Sequence, name: str, reported: list[int], logprobs: list | None, out: Outbox) -> None:
+    def _hand_off(self, seq: Sequence, name: str, reported: list[int], logprobs: list | None, out: Outbox) -> None:
         """Park here with blocks kept, and send the peer the suffix it has not seen."""
         ev = self.held.event(seq, reported, logprobs, handoff_to=name)
         out.events.append(ev)

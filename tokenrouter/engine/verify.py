@@ -75,10 +75,10 @@ class Verification:
         same = next((i for i, (a, b) in enumerate(zip(ours, msg.tokens)) if a != b), min(len(ours), len(msg.tokens)))
         keep = msg.start + same
         if keep < len(seq.token_ids):
-            self.rollback(seq, keep)
+            self._rollback(seq, keep)
         return keep
 
-    def rollback(self, seq: Sequence, n: int) -> None:
+    def _rollback(self, seq: Sequence, n: int) -> None:
         """Keep the first n tokens: the rest, and their KV, go (the KV's blocks copied on write
         where the prefix cache or another request holds them); peers are told again from there."""
         del seq.token_ids[n:]
@@ -101,7 +101,7 @@ class Verification:
         step_logits = self.logits
         checks = [i for i, r in enumerate(fwd.sample_rows) if r in fwd.verify]
         spans = step_logits.process_spans([seqs[i] for i in checks], [fwd.verify[fwd.sample_rows[i]] for i in checks])
-        verdict = self.ask_policy([seqs[i] for i in checks], spans)
+        verdict = self._ask_policy([seqs[i] for i in checks], spans)
         logits, tokens = logits.clone(), sampled.clone()
         ended: set[int] = set()
         resample: list[tuple[int, torch.Tensor]] = []
@@ -110,11 +110,11 @@ class Verification:
             start, drafts = seq.verify_start, seq.token_ids[seq.verify_start :]
             accept = int(verdict.accept[j])
             source, seq.verify_start, seq.verify_source = seq.verify_source, None, None
-            if self.confirm(seq, start, drafts[:accept], source, out):
+            if self._confirm(seq, start, drafts[:accept], source, out):
                 ended.add(i)
                 continue
             if accept < len(drafts):
-                self.rollback(seq, start + accept)
+                self._rollback(seq, start + accept)
             seq.num_confirmed = len(seq.token_ids)
             logits[i] = span[accept]
             given = -1 if verdict.tokens is None else int(verdict.tokens[j])
@@ -130,7 +130,7 @@ class Verification:
         hidden = fwd.hidden[keep] if fwd.hidden is not None else None
         return Verified([seqs[i] for i in keep], tokens[keep], logits[keep], hidden)
 
-    def ask_policy(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> Verdict:
+    def _ask_policy(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> Verdict:
         counts = [span.shape[0] - 1 for span in spans]
         width = max(counts)
         drafts = torch.full((len(seqs), width), -1, dtype=torch.long)
@@ -161,7 +161,7 @@ class Verification:
             raise ValueError("verify accepted a number of drafts outside [0, num_drafts]")
         return verdict
 
-    def confirm(self, seq: Sequence, start: int, accepted: list[int], source: str, out: Outbox) -> bool:
+    def _confirm(self, seq: Sequence, start: int, accepted: list[int], source: str, out: Outbox) -> bool:
         """Report accepted tentative tokens as their drafter's (with the drafter's logprobs, when
         asked); True if the request ends on one of them (its EOS, a stop token, or max_tokens),
         which ends it here."""
