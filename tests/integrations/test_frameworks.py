@@ -5,6 +5,7 @@ pair is in the store and the framework is installed (`pip install 'tokenrouter[a
 
 What is asserted is what the framework and the engine guarantee, not the 1.5B's judgement: the
 runs end with an output of the declared type, a forced tool call reaches the tool, streams end.
+Every agent samples greedily (temperature 0), so a run writes the same tokens each time.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ def test_openai_agents_with_a_tool_and_an_output_type(llm):
             model=model,
             tools=[agents.function_tool(get_weather)],
             output_type=Report,
-            model_settings=agents.ModelSettings(tool_choice="required"),  # reset to auto after the call
+            model_settings=agents.ModelSettings(tool_choice="required", temperature=0),  # auto after the call
         )
         done = await agents.Runner.run(agent, "What is the temperature in Paris?", max_turns=4)
         streamed = agents.Runner.run_streamed(agent, "What is the temperature in Lima?", max_turns=4)
@@ -92,7 +93,7 @@ def test_smolagents_tool_calling_agent(llm):
     from tokenrouter.openai import client
 
     CALLS.clear()
-    model = smolagents.OpenAIServerModel(model_id="large", client=client(llm))
+    model = smolagents.OpenAIServerModel(model_id="large", client=client(llm), temperature=0)
     tool = smolagents.tool(get_weather)
     agent = smolagents.ToolCallingAgent(tools=[tool], model=model, max_steps=4, verbosity_level=0)
     answer = agent.run("What is the weather in Paris? Use the tool, then give the final answer.")
@@ -116,7 +117,9 @@ def test_pydantic_ai_agent_with_an_output_type_and_a_tool(llm):
 
     async def main():
         model = OpenAIChatModel("large", provider=OpenAIProvider(openai_client=async_client(llm.engine)))
-        agent = Agent(model, output_type=Report, instructions="Use get_weather, then report.")
+        agent = Agent(
+            model, output_type=Report, instructions="Use get_weather, then report.", model_settings={"temperature": 0}
+        )
         agent.tool_plain(get_weather)
         return await agent.run("What is the temperature in Paris?")
 
