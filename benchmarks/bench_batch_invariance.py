@@ -40,17 +40,15 @@ import anyio
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
+from tokenrouter.engine import Request, ScheduledBatch, SeqStatus, Sequence
 from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention, grouped_sdpa, padded
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
-from tokenrouter.engine.model.loader import load_model
-from tokenrouter.engine.model.runner import ModelRunner
+from tokenrouter.engine.kv import KVCache, KVLayout
+from tokenrouter.engine.model import ModelRunner, load_model
 from tokenrouter.engine.quant import gguf_native, int4, int8_weights, onednn, probe
 from tokenrouter.engine.quant.gguf_blocks import GGUFBlockLinear
-from tokenrouter.engine.sched.batch import ScheduledBatch
-from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.policies import Speculative
 from tokenrouter.store import ensure_model
 from tokenrouter.testing.paged_steps import consecutive_tables, step_metadata

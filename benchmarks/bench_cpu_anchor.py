@@ -45,12 +45,10 @@ import torch
 from bench_routing import tasks_workload
 
 from tokenrouter import store
-from tokenrouter.api.prompts import chat_ids
-from tokenrouter.bench import BenchConfig, run_bench
-from tokenrouter.bench.engines import release_memory
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.api import chat_ids
+from tokenrouter.bench import BenchConfig, machine_info, release_memory, run_bench
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.model.loader import load_tokenizer
+from tokenrouter.engine import load_tokenizer
 from tokenrouter.eval.results import portable
 from tokenrouter.policies import BiLD, RStitch, Speculative
 

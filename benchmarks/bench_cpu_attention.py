@@ -17,11 +17,11 @@ from pathlib import Path
 import torch
 from bench_gqa_attention import per_call_us
 
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
 from tokenrouter.testing.paged_steps import consecutive_tables, step_metadata
 
 HEADS, KV_HEADS, DIM, BLOCK = 12, 2, 128, 16

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 from tokenrouter.engine.quant import gguf_native, probe
 
 SHAPES = [(8960, 1536), (1536, 8960), (4864, 896)]

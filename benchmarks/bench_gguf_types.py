@@ -35,11 +35,10 @@ import torch
 from bench_cpu_anchor import in_own_thread
 
 from tokenrouter import Engine, SamplingParams, Single, store
-from tokenrouter.api.prompts import chat_ids
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.api import chat_ids
+from tokenrouter.bench import machine_info
 from tokenrouter.config import ModelSpec
-from tokenrouter.engine.model.loader import load_tokenizer
-from tokenrouter.engine.quant.gguf_index import tensor_places
+from tokenrouter.engine import load_tokenizer, tensor_places
 from tokenrouter.testing.gguf import LLAMA_FTYPES, requantize
 
 THREADS = 2

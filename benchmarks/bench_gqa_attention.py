@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 from tokenrouter.engine.attention.torch_paged import grouped_sdpa
 
 HEADS, KV_HEADS, DIM = 12, 2, 128

@@ -31,7 +31,7 @@ import anyio
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single, store
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 
 THREADS = 2
 PROMPT = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]

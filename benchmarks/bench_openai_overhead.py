@@ -26,7 +26,7 @@ import anyio
 import torch
 
 from tokenrouter import Engine, SamplingParams
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 from tokenrouter.openai import async_client
 
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]

@@ -105,7 +105,7 @@ def model_paths(args) -> dict[str, str]:
 
 def main(args) -> None:
     from tokenrouter.config import ModelSpec
-    from tokenrouter.engine.model.loader import load_tokenizer
+    from tokenrouter.engine import load_tokenizer
 
     paths = model_paths(args)
     cfg = BenchConfig(

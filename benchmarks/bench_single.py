@@ -71,7 +71,7 @@ from single_workload import make_workload
 from token_agreement import token_checks
 
 from tokenrouter import ModelSpec
-from tokenrouter.engine.model.loader import load_tokenizer
+from tokenrouter.engine import load_tokenizer
 
 # The main thread stays at one torch thread and runs no multi-threaded op: with GNU OpenMP, a second
 # live OpenMP team makes libgomp stop spinning and slows every op ~25%. Each system steps in a thread

@@ -36,7 +36,7 @@ import anyio
 import torch
 from bench_routing import TASKS, tasks_workload
 
-from tokenrouter.api.prompts import chat_ids
+from tokenrouter.api import chat_ids
 from tokenrouter.bench import BenchConfig, markdown, run_bench
 from tokenrouter.bench.report import write_json
 from tokenrouter.policies import BiLD, RStitch, Speculative
@@ -100,7 +100,7 @@ def differences(result, tokenizer, large_path: str) -> list[dict]:
 
 def main(args) -> None:
     from tokenrouter.config import ModelSpec
-    from tokenrouter.engine.model.loader import load_tokenizer
+    from tokenrouter.engine import load_tokenizer
 
     paths = model_paths(args)
     others = {"speculative": Speculative(draft="small", target="large", k=args.k)}

@@ -34,7 +34,7 @@ import anyio
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 
 RECORD = {
     "type": "object",
@@ -108,7 +108,7 @@ async def _round(engine: Engine, c: int, mixed: bool, max_tokens: int) -> dict:
 def _compile_times(engine: Engine) -> dict:
     """The tokenizer info (once per engine) and the schema's compile, first and cached, off the engine."""
     from tokenrouter.config import JsonSchema
-    from tokenrouter.structured.compiler import GrammarCompiler
+    from tokenrouter.structured import GrammarCompiler
 
     loaded = engine.loaded[engine.policy.entry_model]
     compiler = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)

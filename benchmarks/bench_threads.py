@@ -111,7 +111,7 @@ def main() -> None:
     p.add_argument("--only", nargs="*", default=None, help="run only the configurations with these names")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    from tokenrouter.engine.model.torch_threads import usable_cores
+    from tokenrouter.engine import usable_cores
 
     cores = usable_cores()
     todo = configs(cores, args.single_tokens, args.routed_tokens, args.tree, args.baseline_tree)

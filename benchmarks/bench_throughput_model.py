@@ -35,8 +35,8 @@ import torch
 
 from tokenrouter import Engine, RStitch, SamplingParams
 from tokenrouter.autobatch.throughput_model import predict
-from tokenrouter.bench.engines import release_memory
-from tokenrouter.training.corpus import python_corpus
+from tokenrouter.bench import release_memory
+from tokenrouter.training import python_corpus
 
 
 async def closed_loop(engine, prompts, concurrency, warmup, seconds, max_tokens) -> float:

@@ -11,10 +11,8 @@ from hf_baselines import RunResult, per_request
 from py_spy_profile import start_profile
 
 from tokenrouter import Engine, ModelSpec
-from tokenrouter.bench.closed_loop import measure
+from tokenrouter.bench import Session, measure, percentile
 from tokenrouter.bench.machine import CpuMeter
-from tokenrouter.bench.metrics import percentile
-from tokenrouter.bench.sessions import Session
 
 
 async def engine_run(engine, prompts, concurrency: int, max_tokens) -> RunResult:

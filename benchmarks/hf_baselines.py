@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from tokenrouter.bench import percentile
 from tokenrouter.bench.machine import CpuMeter
-from tokenrouter.bench.metrics import percentile
-from tokenrouter.engine.model.loader import dense_checkpoint
+from tokenrouter.engine import dense_checkpoint
 from tokenrouter.engine.quant import onednn as onednn_linear
 
 

@@ -24,13 +24,10 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 from bench_cpu_anchor import THREADS, in_own_thread
 
 from tokenrouter import ModelSpec, store
-from tokenrouter.bench.machine import machine_info
-from tokenrouter.engine.model.loader import load_tokenizer
-from tokenrouter.eval.data import load_problems
+from tokenrouter.bench import machine_info
+from tokenrouter.engine import load_tokenizer
+from tokenrouter.eval import EvalSettings, Limits, load_problems, run_program
 from tokenrouter.eval.prompt import PROMPT_VERSION, STOP, build_program, prompt_ids
-from tokenrouter.eval.sandbox import run_program
-from tokenrouter.eval.sandbox_limits import Limits
-from tokenrouter.eval.settings import EvalSettings
 
 
 def answer(llm, tokenizer, ids: list[int], max_tokens: int, end: set[int]) -> tuple[str, int, str]:

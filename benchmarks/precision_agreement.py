@@ -26,8 +26,7 @@ import torch
 from bench_routing import TASKS
 
 from tokenrouter import Engine, ModelSpec, SamplingParams, store
-from tokenrouter.bench.engines import release_memory
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info, release_memory
 from tokenrouter.policies import RStitch, Single
 
 MODELS = {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}

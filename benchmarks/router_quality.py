@@ -33,8 +33,7 @@ import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import CITER, R2R, CoLLM, RStitch, Single
-from tokenrouter.training.corpus import python_corpus
-from tokenrouter.training.labels import Labels
+from tokenrouter.training import Labels, python_corpus
 from tokenrouter.training.router_training import split_examples, teacher_forced_eval
 
 LEARNED = {"r2r": R2R, "citer": CITER, "collm": CoLLM}

@@ -15,7 +15,7 @@ from hf_baselines import RunResult
 from single_runs import NUM_THREADS, SYSTEMS, Runs
 from single_workload import Workload
 
-from tokenrouter.bench.machine import machine_info
+from tokenrouter.bench import machine_info
 
 
 def median_summary(runs: list[RunResult]) -> dict:

@@ -90,7 +90,7 @@ _WORDS = [
 
 def build_prompts(tokenizer, n: int, lo: int, hi: int, seed: int) -> list[list[int]]:
     """n chat-formatted prompts (token ids, with the generation prompt), lengths about uniform in [lo, hi]."""
-    from tokenrouter.api.prompts import chat_ids
+    from tokenrouter.api import chat_ids
 
     rng = random.Random(seed)
     prompts = []

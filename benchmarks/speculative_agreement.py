@@ -25,7 +25,7 @@ import torch
 from bench_routing import TASKS
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tokenrouter.api.prompts import chat_ids
+from tokenrouter.api import chat_ids
 from tokenrouter.store import ensure_model
 
 

@@ -11,7 +11,7 @@ import anyio
 import torch
 from transformers import AutoModelForCausalLM, LogitsProcessor
 
-from tokenrouter.bench.engines import wait_free
+from tokenrouter.bench import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
 from tokenrouter.testing import live_sequences
 

@@ -23,7 +23,7 @@ import torch
 
 from tests.helpers import EveryK, StepGate, holds_nothing, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.engine import SeqStatus
 from tokenrouter.policies import Speculative
 from tokenrouter.testing import (
     handoff_waiting,

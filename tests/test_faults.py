@@ -171,11 +171,8 @@ def test_a_hand_off_left_in_the_inbox_of_a_stopping_worker_ends_as_its_requests_
     with the worker's error, as the requests it held do; only a worker stopped on purpose ends
     it as aborted. A fresh-clone run saw one such request end "abort" beside others ending
     "error" for the same death."""
-    from tokenrouter.engine.model_core import ModelCore
-    from tokenrouter.engine.outbox import Outbox
-    from tokenrouter.engine.sequence import Request
-    from tokenrouter.policies import Single
-    from tokenrouter.policies.base import PeerMessage
+    from tokenrouter.engine import ModelCore, Outbox, Request
+    from tokenrouter.policies import PeerMessage, Single
 
     core = ModelCore("large", ModelSpec(path=tiny_model), Single("large"))  # never loaded: refusing needs none
     req = Request("r", [5, 6, 7], SamplingParams(max_tokens=4), 0, frozenset(), 4)

@@ -78,8 +78,8 @@ def test_a_gguf_of_each_llama_cpp_type_loads_and_answers(tmp_path_factory, ftype
     dequantized with the reason said, and each writes a coherent answer. Needs llama-cpp-python
     (`tokenrouter[anchor]`); agreement with llama.cpp itself: benchmarks/bench_gguf_types.py."""
     pytest.importorskip("llama_cpp")
+    from tokenrouter.engine import tensor_places
     from tokenrouter.engine.quant.gguf_blocks import KINDS
-    from tokenrouter.engine.quant.gguf_index import tensor_places
     from tokenrouter.testing.gguf import requantize
 
     source = store.gguf_for(store.locate_model(store.DEFAULT_MODELS["small"]))

@@ -24,9 +24,7 @@ from pathlib import Path
 
 from anyio.from_thread import start_blocking_portal
 
-from .api import Engine
-from .api.prompts import Prompt
-from .api.tool_calls import ToolChoice
+from .api import Engine, Prompt, ToolChoice
 from .config import ModelSpec, SamplingParams
 from .errors import EngineNotRunningError, InvalidRequestError
 from .metrics import EngineMetrics

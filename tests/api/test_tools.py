@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import EveryK, wait_all_free
 from tokenrouter import Engine, InvalidRequestError, ModelSpec, RStitch, SamplingParams, store
-from tokenrouter.api.prompts import chat_ids
+from tokenrouter.api import chat_ids
 from tokenrouter.api.tool_calls import HermesToolCallParser, check_tool_choice, normalize_tools
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -258,7 +258,7 @@ def test_tools_with_a_response_format_give_calls_or_the_schema(tool_pair, tokeni
     "<") are each one of the branches."""
     import xgrammar as xgr
 
-    from tokenrouter.structured.compiler import GrammarCompiler, format_of
+    from tokenrouter.structured import GrammarCompiler, format_of
 
     schema = {"type": "object", "properties": {"answer": {"type": "integer"}}, "required": ["answer"]}
     call = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
@@ -344,7 +344,7 @@ def test_a_deadline_ends_the_request_and_frees_its_kv(tool_pair):
 
 
 def test_content_parts_and_json_string_arguments_reach_the_template_as_objects(tokenizer):
-    from tokenrouter.api.prompts import chat_ids
+    from tokenrouter.api import chat_ids
 
     call = {"id": "c1", "type": "function", "function": {"name": "add", "arguments": '{"a": 1, "b": 2}'}}
     as_object = {**call, "function": {"name": "add", "arguments": {"a": 1, "b": 2}}}

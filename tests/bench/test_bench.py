@@ -29,8 +29,8 @@ from tokenrouter.bench import (
     read_prompts,
     run_bench,
     workload,
+    write_report,
 )
-from tokenrouter.bench.report import write_report
 from tokenrouter.bench.sessions import PROMPT_TOKENS
 from tokenrouter.errors import ConfigError
 

@@ -276,7 +276,7 @@ def test_generate_json_equals_the_reference(capsys, tiny_pair):
     assert all(p.startswith(("float32", "bfloat16", "float64")) for p in record["precision"].values())
 
     from tokenrouter import ModelSpec
-    from tokenrouter.engine.model.loader import load_tokenizer
+    from tokenrouter.engine import load_tokenizer
 
     prompt_ids = load_tokenizer(ModelSpec(path=tiny_pair["small"])).encode("The quick brown fox")
     ref = reference_generate(

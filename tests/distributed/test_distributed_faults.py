@@ -16,7 +16,7 @@ import torch
 from tests.helpers import EveryK, RemoteStepGate, generate_all, wait_until
 from tests.ray_processes import wait_gone
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, SamplingParams
-from tokenrouter.engine.sequence import SeqStatus
+from tokenrouter.engine import SeqStatus
 from tokenrouter.testing import break_scheduler, live_sequences, load_reference_models, reference_generate
 
 POLICY = EveryK(3)
@@ -130,7 +130,7 @@ def test_batches_sent_once_a_worker_is_down_say_so():
     arrive first (a fresh-clone run saw health() healthy after its requests had failed)."""
     from tokenrouter.distributed import wire
     from tokenrouter.distributed.caller_queue import CallerQueue
-    from tokenrouter.engine.outbox import WorkerEvent
+    from tokenrouter.engine import WorkerEvent
 
     class Channel:  # the direct channel's interface, keeping what was sent
         usable = True

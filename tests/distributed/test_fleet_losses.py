@@ -13,13 +13,10 @@ import pytest
 
 from tokenrouter import SamplingParams
 from tokenrouter.config import EngineOptions
-from tokenrouter.distributed import wire
-from tokenrouter.distributed.fleet import Fleet
+from tokenrouter.distributed import Fleet, wire
 from tokenrouter.distributed.links import PeerLink
 from tokenrouter.distributed.remote_worker import RemoteWorker
-from tokenrouter.engine.outbox import WorkerEvent
-from tokenrouter.engine.sequence import Request, SeqStatus
-from tokenrouter.engine.worker.inbox import HandOff
+from tokenrouter.engine import HandOff, Request, SeqStatus, WorkerEvent
 
 
 class FakeLocal:

@@ -19,13 +19,11 @@ import pytest
 import torch
 
 from tokenrouter import ModelSpec
-from tokenrouter.engine.attention import flashinfer_paged
-from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+from tokenrouter.engine.attention import FlashInferPagedAttention, flashinfer_paged
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
+from tokenrouter.engine.model import ModelRunner, load_model
 from tokenrouter.engine.model.cuda_graph import scratch_decode
-from tokenrouter.engine.model.loader import load_model
-from tokenrouter.engine.model.runner import ModelRunner
 from tokenrouter.testing.accelerator import StandInAccelerator
 from tokenrouter.testing.flashinfer_fake import FakeFlashInfer
 

@@ -11,11 +11,11 @@ import subprocess
 import pytest
 import torch
 
+from tokenrouter.engine import AttentionMetadata
 from tokenrouter.engine.attention import cpu_paged
-from tokenrouter.engine.attention.backend import AttentionMetadata
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
 from tokenrouter.engine.native import build as native_build
 from tokenrouter.testing.paged_steps import step_metadata
 

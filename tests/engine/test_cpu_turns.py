@@ -13,8 +13,7 @@ import pytest
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.torch_threads import usable_cores
-from tokenrouter.engine.worker.cpu_turns import CoreShare
+from tokenrouter.engine import CoreShare, usable_cores
 from tokenrouter.policies import RStitch
 
 

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenrouter.engine.attention.backend import AttentionMetadata
-from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+from tokenrouter.engine import AttentionMetadata
+from tokenrouter.engine.attention import FlashInferPagedAttention
 from tokenrouter.engine.attention.paged_layout import PagedLayout
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
 from tokenrouter.testing.flashinfer_fake import CALLABLES, FORWARDED, Call, FakeFlashInfer, attention
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -30,7 +30,7 @@ import pytest
 import torch
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.quant.gguf_weights import GGUFTensor, q4k_groups
+from tokenrouter.engine.quant import GGUFTensor, q4k_groups
 from tokenrouter.engine.quant.int4 import Int4Linear
 from tokenrouter.testing import build_tiny_model, quantize_q4k, write_gguf
 
@@ -219,7 +219,7 @@ def test_the_header_index_agrees_with_ggufs_reader(tmp_path, alignment):
     a custom alignment moves where the tensors start."""
     from gguf import GGMLQuantizationType, GGUFReader, GGUFWriter
 
-    from tokenrouter.engine.quant.gguf_index import tensor_places
+    from tokenrouter.engine import tensor_places
 
     path = tmp_path / "m.gguf"
     writer = GGUFWriter(path, "qwen2")

@@ -22,17 +22,15 @@ import torch
 from tests.engine.test_flashinfer_contract import reference_attention
 from tests.helpers import generate_all, holds_nothing
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
+from tokenrouter.engine import Request, ScheduledBatch, SeqStatus, Sequence
 from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.choice import AttentionChoice, attention_choice, choose_attention_backend
 from tokenrouter.engine.attention.flashinfer_paged import import_flashinfer
 from tokenrouter.engine.attention.paged_layout import PagedLayout
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
+from tokenrouter.engine.model import ModelRunner, load_model
 from tokenrouter.engine.model.cuda_graph import graph_batch_sizes, pad_decode
-from tokenrouter.engine.model.loader import load_model
-from tokenrouter.engine.model.runner import ModelRunner
-from tokenrouter.engine.sched.batch import ScheduledBatch
-from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.errors import ModelLoadError
 from tokenrouter.testing.flashinfer_fake import FakeFlashInfer
 
@@ -238,7 +236,7 @@ def flashinfer_fake(monkeypatch):
 @pytest.mark.parametrize("window", [None, 5])
 def test_flashinfer_backend_logic_equals_the_torch_backend(tiny_model, flashinfer_fake, window):
     """A mixed step through the flashinfer backend, two layer kinds planned lazily, equals the torch backend."""
-    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+    from tokenrouter.engine.attention import FlashInferPagedAttention
 
     runner, cache = _runner(tiny_model)
     batch = _mixed_step(runner, random.Random(4))
@@ -268,7 +266,7 @@ def test_flashinfer_backend_graph_mode_reads_the_step_from_its_buffers(tiny_mode
     """What a capture and replay do, the fake standing in for the capture: plan a padded decode
     step into a graph size's fixed buffers, warm up (planning every layer kind), plan again and run
     "captured" (no plan then, only graph wrappers); the real rows equal an eager step."""
-    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+    from tokenrouter.engine.attention import FlashInferPagedAttention
 
     runner, cache = _runner(tiny_model, extra_blocks=1)
     scratch = cache.num_blocks - 1
@@ -334,7 +332,7 @@ def prefill_backend():
     [(None, 4, 0), (5, 4, 0), (None, 16, 0), (5, 16, 0), (None, 4, 80), (None, 16, 80)],
 )
 def test_flashinfer_equals_the_torch_backend(gpu_pair, window, block_size, long_prefill, prefill_backend):
-    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+    from tokenrouter.engine.attention import FlashInferPagedAttention
 
     rng = random.Random(2)
     runner, cache = _runner(gpu_pair["small"], dtype=torch.float32, device="cuda", block_size=block_size)
@@ -364,7 +362,7 @@ def test_flashinfer_equals_the_torch_backend(gpu_pair, window, block_size, long_
 def test_cuda_graph_replay_equals_eager(gpu_pair, block_size, prefill_backend):
     """Replaying a captured decode step (padded to the next size) gives the eager step's logits, to
     bf16 rounding: flashinfer's graph kernels split the KV differently, so not bit for bit."""
-    from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
+    from tokenrouter.engine.attention import FlashInferPagedAttention
     from tokenrouter.engine.model.cuda_graph import DecodeGraphs
 
     rng = random.Random(3)

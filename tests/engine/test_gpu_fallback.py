@@ -28,16 +28,13 @@ import torch
 
 from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single
+from tokenrouter.engine import Request, ScheduledBatch, SeqStatus, Sequence
+from tokenrouter.engine.attention import FlashInferPagedAttention, flashinfer_paged
 from tokenrouter.engine.attention import choice as attention_choice_module
-from tokenrouter.engine.attention import flashinfer_paged
-from tokenrouter.engine.attention.flashinfer_paged import FlashInferPagedAttention
-from tokenrouter.engine.kv.cache import KVCache, KVLayout
+from tokenrouter.engine.kv import KVCache, KVLayout
+from tokenrouter.engine.model import ModelRunner, load_model
 from tokenrouter.engine.model.cuda_graph import DecodeGraphs
-from tokenrouter.engine.model.loader import load_model
-from tokenrouter.engine.model.runner import ModelRunner
 from tokenrouter.engine.quant import precision
-from tokenrouter.engine.sched.batch import ScheduledBatch
-from tokenrouter.engine.sequence import Request, SeqStatus, Sequence
 from tokenrouter.errors import ModelLoadError
 from tokenrouter.testing.accelerator import StandInAccelerator
 from tokenrouter.testing.flashinfer_fake import FakeFlashInfer
@@ -110,7 +107,7 @@ def test_flashinfer_that_raises_oserror_on_import_leaves_auto_on_torch(tiny_mode
     monkeypatch.setattr(sys, "meta_path", [_BrokenFlashInfer(), *sys.meta_path])
     assert flashinfer_paged.import_flashinfer() is None  # the gpu tests' skip condition, at collection
     assert flashinfer_paged.import_problem() == f"flashinfer failed to import: OSError: {LIBCUDART}"
-    from tokenrouter.engine.attention.choice import attention_choice
+    from tokenrouter.engine.attention import attention_choice
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # as on the GPU machine
     cuda, spec = torch.device("cuda:0"), ModelSpec(path=tiny_model)
@@ -358,7 +355,7 @@ def test_a_steps_indices_reach_the_device_in_one_copy(tiny_model):
         assert step.meta.prefill_slots[1] is None and on_cpu.meta.prefill_slots[1] is None
         assert on_cpu.keep.tolist() == [0, 1, 9, 15, 5]  # each sampled row's last token, then the extra row
 
-        from tokenrouter.engine.attention.device_copy import to_device  # here: the step's count comes first
+        from tokenrouter.engine.attention import to_device
 
         host = [torch.arange(3), None, torch.ones(2, 2, dtype=torch.long)]
         with accel.syncs() as syncs:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tokenrouter import ModelSpec
-from tokenrouter.engine.model.loader import load_model
+from tokenrouter.engine.model import load_model
 from tokenrouter.engine.quant import gguf_native, int4, int8_weights, kernel_cache, kernels
 from tokenrouter.testing import build_tiny_model, write_gguf
 

@@ -7,8 +7,8 @@ import pytest
 
 from tests.helpers import generate_all, hf_greedy, wait_all_free
 from tokenrouter import Engine, EngineNotRunningError, InvalidRequestError, ModelSpec, SamplingParams
-from tokenrouter.engine.kv.block_manager import BlockManager
-from tokenrouter.engine.sequence import Request, Sequence
+from tokenrouter.engine import Request, Sequence
+from tokenrouter.engine.kv import BlockManager
 
 
 def _seq(tokens):
@@ -187,7 +187,7 @@ def test_a_request_too_big_for_any_pool_it_may_visit_fails_at_once(tiny_pair):
 
 
 def test_requests_arriving_together_compute_a_shared_prefix_once():
-    from tokenrouter.engine.sched.scheduler import Scheduler
+    from tokenrouter.engine.sched import Scheduler
 
     bm = BlockManager(num_blocks=32, block_size=4)
     sched = Scheduler(bm, max_num_seqs=8, max_num_batched_tokens=64)

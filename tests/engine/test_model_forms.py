@@ -130,7 +130,7 @@ def test_a_dense_copy_holds_the_ggufs_weights_rounded_to_bf16(tiny_store, blocks
 
 def test_an_unknown_form_names_what_it_accepts(tmp_path):
     from tokenrouter import ModelLoadError
-    from tokenrouter.engine.model.loader import locate_checkpoint
+    from tokenrouter.engine.model import locate_checkpoint
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ModelLoadError, match="not exactly one .gguf"):

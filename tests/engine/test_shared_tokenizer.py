@@ -10,7 +10,7 @@ import anyio
 from transformers import AutoTokenizer
 
 from tokenrouter import Engine, ModelSpec, RStitch
-from tokenrouter.engine.model.loader import load_tokenizer
+from tokenrouter.engine import load_tokenizer
 from tokenrouter.engine.model.shared_tokenizer import tokenizer_key
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]

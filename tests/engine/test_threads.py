@@ -13,7 +13,7 @@ import torch
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.torch_threads import usable_cores
+from tokenrouter.engine import usable_cores
 from tokenrouter.policies import RStitch
 from tokenrouter.testing import wrap_forward
 

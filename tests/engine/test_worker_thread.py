@@ -15,12 +15,10 @@ from types import SimpleNamespace
 import pytest
 
 from tokenrouter import SamplingParams
+from tokenrouter.engine import Request, WorkerSettings, WorkerThread
 from tokenrouter.engine.core_stats import CoreStats
 from tokenrouter.engine.outbox import Outbox, PeerHandOff, WorkerEvent
-from tokenrouter.engine.sequence import Request
-from tokenrouter.engine.worker.protocol import WorkerSettings
-from tokenrouter.engine.worker.thread import WorkerThread
-from tokenrouter.policies.base import PeerMessage
+from tokenrouter.policies import PeerMessage
 
 TIMEOUT = 5.0  # a generous deadline for anything the worker's thread should do at once
 

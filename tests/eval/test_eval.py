@@ -9,16 +9,12 @@ from pathlib import Path
 import pytest
 
 from tokenrouter.errors import ConfigError
-from tokenrouter.eval.data import Problem, load_problems, select
+from tokenrouter.eval import Limits, Problem, load_problems, markdown, run_program, select, summarize
 from tokenrouter.eval.flops import flops_per_token, parameter_counts
 from tokenrouter.eval.label_placement import LABEL_SLOTS, label_box, place_labels
 from tokenrouter.eval.pareto import pareto_front
 from tokenrouter.eval.prompt import INSTRUCTION, RESPONSE_PREFIX, build_program, extract_code, prompt_ids
-from tokenrouter.eval.report import markdown
 from tokenrouter.eval.results import ResultsFile, check_resumable, portable
-from tokenrouter.eval.sandbox import run_program
-from tokenrouter.eval.sandbox_limits import Limits
-from tokenrouter.eval.summary import summarize
 from tokenrouter.eval.systems import SpecError, parse_system, parse_systems
 from tokenrouter.policies import BiLD, RStitch, Single, Speculative
 

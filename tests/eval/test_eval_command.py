@@ -12,7 +12,7 @@ import pytest
 
 from tests.eval.test_eval import PROBLEMS, write_problems
 from tokenrouter.cli import eval_command as command
-from tokenrouter.eval.results import ResultsFile
+from tokenrouter.eval import ResultsFile
 
 
 def parse(argv):

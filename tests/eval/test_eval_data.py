@@ -9,10 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from tokenrouter.eval import Limits, build_program, run_program
 from tokenrouter.eval.data import DATA_SHA256, NUM_PROBLEMS, data_path, fetch_humaneval, load_problems
-from tokenrouter.eval.prompt import build_program
-from tokenrouter.eval.sandbox import run_program
-from tokenrouter.eval.sandbox_limits import Limits
 
 
 @pytest.fixture(scope="module")

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tokenrouter.eval.sandbox import run_program
-from tokenrouter.eval.sandbox_limits import Limits
+from tokenrouter.eval import Limits, run_program
 from tokenrouter.eval.sandbox_uid import processes_of
 
 FAST = Limits(timeout_s=1.5, memory_bytes=512 << 20)

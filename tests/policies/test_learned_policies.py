@@ -14,7 +14,7 @@ import torch
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all, wait_all_free
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.runner import HiddenCapture
+from tokenrouter.engine import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, Escalation
 from tokenrouter.policies.routers import (
     RouterConfig,

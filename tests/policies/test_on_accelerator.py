@@ -19,13 +19,15 @@ from tokenrouter.policies import (
     BiLD,
     CoLLM,
     Escalation,
+    ModelIdentity,
+    RouterConfig,
+    RouterNet,
     RStitch,
     Speculative,
     StepResult,
     VerifyResult,
     normalized_entropy,
 )
-from tokenrouter.policies.routers import ModelIdentity, RouterConfig, RouterNet
 from tokenrouter.testing.accelerator import StandInAccelerator
 
 B, K, V, H = 4, 5, 64, 16

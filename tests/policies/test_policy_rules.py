@@ -15,8 +15,18 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.policies import CITER, R2R, CoLLM, Escalation, Policy, Route, RStitch, StepResult
-from tokenrouter.policies.base import HIDDEN, normalized_entropy
+from tokenrouter.policies import (
+    CITER,
+    HIDDEN,
+    R2R,
+    CoLLM,
+    Escalation,
+    Policy,
+    Route,
+    RStitch,
+    StepResult,
+    normalized_entropy,
+)
 from tokenrouter.policies.routers import ModelIdentity, RouterConfig, RouterNet, router_features
 
 

@@ -231,7 +231,7 @@ def _exact_two_tokens(model_path, prompt, params) -> dict[tuple[int, int], float
     """The target's exact distribution of its first two tokens under `params` (top-k keeps it small)."""
     from transformers import AutoModelForCausalLM
 
-    from tokenrouter.sampling.sampler import Sampler, SamplingTensors
+    from tokenrouter.sampling import Sampler, SamplingTensors
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float64).eval()
     sampler = Sampler()
@@ -507,7 +507,7 @@ def test_auto_learns_the_acceptance_rate_per_judged_draft():
     """The cycle formula's a is the chance that a judged draft is accepted; drafts after the
     first rejection are never judged. Cycles of 4 drafts alternating "all 4 accepted" and "the
     first accepted, the second rejected" judge 6 drafts for 5 accepted: a = 5/6, not 5/8."""
-    from tokenrouter.policies.base import VerifyResult
+    from tokenrouter.policies import VerifyResult
 
     spec = Speculative(k="auto")
     drafts = torch.tensor([[5, 6, 7, 8]])
@@ -544,7 +544,7 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
     when verifying 16 is compute-bound, and drafts when only those 2 are in flight."""
     import torch
 
-    from tokenrouter.policies.base import StepResult
+    from tokenrouter.policies import StepResult
 
     def target_step(policy, rows):
         result = StepResult(
@@ -575,7 +575,7 @@ def test_auto_draft_length_plans_for_every_request_in_the_engine():
 def test_the_drafter_hands_its_whole_step_to_the_target_once_a_row_is_due():
     """Rows out of phase (one at its k-th draft, others at their first) go to the target together,
     so that its check covers every request at once; none goes while none is due."""
-    from tokenrouter.policies.base import StepResult
+    from tokenrouter.policies import StepResult
 
     def draft_step(tentative):
         rows = len(tentative)

@@ -8,10 +8,9 @@ import pytest
 import torch
 
 from tokenrouter import SamplingParams
+from tokenrouter.sampling import Sampler, SamplingTensors, token_logprobs
 from tokenrouter.sampling.logits_processor import LogitsRow, allocate, apply_bitmask, process_logits
-from tokenrouter.sampling.logprobs import token_logprobs
 from tokenrouter.sampling.penalties import apply_penalties, penalize_rows
-from tokenrouter.sampling.sampler import Sampler, SamplingTensors
 from tokenrouter.testing.accelerator import StandInAccelerator
 
 SAME_DEVICE = "Expected all tensors to be on the same device"

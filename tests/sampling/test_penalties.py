@@ -15,7 +15,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import VllmPenalties, generate_all, hf_greedy_penalized, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-from tokenrouter.engine.sequence import Request, Sequence
+from tokenrouter.engine import Request, Sequence
 from tokenrouter.engine.step_logits import StepLogits
 from tokenrouter.sampling.penalties import apply_penalties
 

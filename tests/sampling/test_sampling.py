@@ -8,7 +8,7 @@ import torch
 
 from tests.helpers import wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams
-from tokenrouter.sampling.sampler import Sampler, SamplingTensors, uniform_from
+from tokenrouter.sampling import Sampler, SamplingTensors, uniform_from
 
 
 def _tensors(n, **kw):

@@ -17,7 +17,7 @@ import torch
 from tests.cli.test_cli import pair_args, run_cli
 from tests.conftest import TINY_PAIR_TAU
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
-from tokenrouter.engine.model.runner import HiddenCapture
+from tokenrouter.engine import HiddenCapture
 from tokenrouter.policies import CITER, R2R, CoLLM, normalized_entropy
 from tokenrouter.policies.routers import (
     ModelIdentity,
@@ -28,8 +28,7 @@ from tokenrouter.policies.routers import (
     save_router,
 )
 from tokenrouter.testing import build_tiny_model, build_tokenizer, load_reference_models, reference_generate
-from tokenrouter.training.corpus import python_corpus, read_jsonl
-from tokenrouter.training.labelling import label
+from tokenrouter.training import label, python_corpus, read_jsonl
 from tokenrouter.training.labels import Labels, summary
 from tokenrouter.training.router_training import (
     defer,
@@ -619,7 +618,7 @@ def test_prompts_without_responses_get_the_largest_models_own(tiny_pair, tmp_pat
     """A JSONL line may leave the response out: the largest model writes it (greedy, through the
     engine), and labelling goes on over it."""
     from tokenrouter import Single
-    from tokenrouter.training.corpus import generate_responses
+    from tokenrouter.training import generate_responses
 
     data = tmp_path / "prompts.jsonl"
     data.write_text(

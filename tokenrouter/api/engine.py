@@ -16,19 +16,14 @@ from pathlib import Path
 
 import anyio
 
-from ..autobatch.controller import AutoBatching, profile_workers
-from ..autobatch.latency_profile import LatencyProfile
-from ..autobatch.throughput_model import ThroughputPrediction
+from ..autobatch import AutoBatching, LatencyProfile, ThroughputPrediction, profile_workers
 from ..config import ModelSpec, SamplingParams
-from ..engine.model.loader import LoadedModel
-from ..engine.worker.protocol import Worker
-from ..engine.worker.stats import WorkerStats
+from ..engine import LoadedModel, Worker, WorkerStats
 from ..errors import EngineNotRunningError, InvalidRequestError
-from ..metrics import EngineMetrics, ModelMetrics
-from ..metrics.recorder import RequestMetrics
+from ..metrics import EngineMetrics, ModelMetrics, RequestMetrics
 from ..outputs import RequestOutput, StreamDelta
 from ..policies import Policy
-from ..structured.compiler import GrammarCompiler
+from ..structured import GrammarCompiler
 from .input_processor import InputProcessor, params_per_prompt
 from .launch import Launcher
 from .prompts import Prompt

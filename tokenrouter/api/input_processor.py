@@ -14,11 +14,9 @@ from collections.abc import Callable, Sequence
 import anyio
 
 from ..config import SamplingParams
-from ..engine.model.loader import LoadedModel
-from ..engine.sequence import Request
-from ..engine.worker.protocol import Worker
+from ..engine import LoadedModel, Request, Worker
 from ..errors import EngineNotRunningError, InvalidRequestError
-from ..structured.compiler import GrammarCompiler, format_of
+from ..structured import GrammarCompiler, format_of
 from .prompts import Prompt, encode_prompt
 from .tool_calls import ToolCallParser, ToolChoice, check_tool_choice, constrains, normalize_tools, parser_for
 

@@ -20,13 +20,17 @@ from collections.abc import Callable
 import anyio
 import torch
 
-from ..engine.model.loader import LoadedModel
-from ..engine.model.torch_threads import usable_cores
-from ..engine.model_core import ModelCore
-from ..engine.worker.cpu_turns import CoreShare
-from ..engine.worker.lockstep import LockstepDriver
-from ..engine.worker.protocol import Sink, Worker, WorkerSettings
-from ..engine.worker.thread import WorkerThread
+from ..engine import (
+    CoreShare,
+    LoadedModel,
+    LockstepDriver,
+    ModelCore,
+    Sink,
+    Worker,
+    WorkerSettings,
+    WorkerThread,
+    usable_cores,
+)
 from .setup import EnginePlan
 
 log = logging.getLogger(__name__)

@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import time
 
-from ..engine.outbox import WorkerEvent
-from ..engine.sequence import Request
+from ..engine import Request, WorkerEvent
 from ..outputs import RequestOutput, StreamDelta
 from .detokenizer import IncrementalDetokenizer, StopStringMatcher
 

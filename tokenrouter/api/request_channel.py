@@ -11,7 +11,7 @@ from collections import deque
 
 import anyio
 
-from ..engine.outbox import WorkerEvent
+from ..engine import WorkerEvent
 
 
 class RequestChannel:

@@ -15,9 +15,7 @@ from collections.abc import AsyncIterator, Callable
 
 import anyio
 
-from ..engine.outbox import WorkerEvent
-from ..engine.sequence import Request
-from ..engine.worker.protocol import Worker
+from ..engine import Request, Worker, WorkerEvent
 from ..errors import ConfigError, EngineNotRunningError
 from ..outputs import RequestOutput, StreamDelta
 from ..policies import Policy

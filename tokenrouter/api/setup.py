@@ -108,7 +108,7 @@ def check_placement(placed: list[str], options: EngineOptions) -> None:
             if getattr(options, name) is not None:
                 raise ConfigError(f"{name}: no model has a placement (ModelSpec(placement=RayPlacement(...)))")
         return
-    from ..distributed.ray_runtime import ray_installed
+    from ..distributed import ray_installed
 
     if not ray_installed():
         raise ConfigError(f"models[{placed[0]!r}].placement: needs Ray: pip install 'tokenrouter[ray]'")

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import anyio
 
-from ..engine.model.torch_threads import usable_cores
+from ..engine import usable_cores
 from . import latency_profile
 from .latency_models import TableLatency
 from .latency_profile import LatencyProfile
@@ -29,8 +29,7 @@ from .throughput_model import RoutingStats, ThroughputPrediction, choose_b
 
 if TYPE_CHECKING:
     from ..config import AutoBatchingOptions, ModelSpec
-    from ..engine.model.loader import LoadedModel
-    from ..engine.worker.protocol import Worker
+    from ..engine import LoadedModel, Worker
     from ..policies import Policy
 
 log = logging.getLogger(__name__)

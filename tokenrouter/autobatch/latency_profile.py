@@ -40,7 +40,7 @@ from ..files import write_text_atomic
 from .latency_models import LatencyModel, TableLatency, VerifyLatency
 
 if TYPE_CHECKING:
-    from ..engine.model_core import ModelCore
+    from ..engine import ModelCore
 
 log = logging.getLogger(__name__)
 

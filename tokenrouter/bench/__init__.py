@@ -15,10 +15,12 @@
 """
 
 from .closed_loop import measure
+from .engines import release_memory, wait_free
 from .harness import run_bench
-from .metrics import Run, Summary, Turn
+from .machine import machine_info
+from .metrics import Run, Summary, Turn, percentile
 from .prompt_file import read_prompts
-from .report import markdown, plot, write_report
+from .report import markdown, plot, pyplot, save_figure, write_report, write_table_and_plot
 from .results import BenchResult
 from .sessions import Session, Sizes
 from .settings import BenchConfig, BenchError
@@ -27,4 +29,5 @@ from .workloads import BUILT_IN, SIZES, WorkloadSpec, workload
 
 __all__ = ["BUILT_IN", "SIZES", "SYSTEMS", "BenchConfig", "BenchError", "BenchResult", "Run", "Session", "Sizes"]
 __all__ += ["Summary", "System", "Turn", "WorkloadSpec", "markdown", "measure", "plot", "read_prompts", "run_bench"]
-__all__ += ["workload", "write_report"]
+__all__ += ["workload", "write_report", "machine_info", "percentile", "pyplot", "release_memory", "save_figure"]
+__all__ += ["wait_free", "write_table_and_plot"]

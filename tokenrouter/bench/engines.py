@@ -12,8 +12,7 @@ import anyio
 
 from ..api import Engine
 from ..config import ModelSpec, SamplingParams
-from ..engine.model.torch_threads import usable_cores
-from ..engine.native import heap
+from ..engine import trim_heap, usable_cores
 from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS
 
@@ -41,7 +40,7 @@ async def wait_free(engine: Engine, timeout: float = 30.0) -> bool:
 def release_memory() -> None:
     """Give a closed engine's memory back before the next one loads (two copies of a real pair
     do not fit on a small machine): collect cycles, and return freed heap to the OS (glibc)."""
-    heap.trim()
+    trim_heap()
 
 
 async def open_engine(cfg: BenchConfig, system: str, kv_cache_tokens: int) -> Engine:

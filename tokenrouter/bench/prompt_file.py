@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ..api.prompts import CHAT_ROLES
+from ..api import CHAT_ROLES
 from ..errors import ConfigError
 from ..jsonl import read_records
 from .sessions import Session, Sizes

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from ..api.prompts import chat_ids
+from ..api import chat_ids
 
 PROMPT_TOKENS = (30, 120)  # short and long prompts: tokens after the chat template (--quick: 30-50)
 

@@ -9,7 +9,7 @@ exits 130.
 """
 
 from .arguments import UsageError
-from .main import build_parser, build_parsers, main
+from .command_line import build_parser, build_parsers, main
 from .output import COLOURS, DIM, RESET
 
 __all__ = ["COLOURS", "DIM", "RESET", "UsageError", "build_parser", "build_parsers", "main"]

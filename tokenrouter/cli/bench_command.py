@@ -21,8 +21,7 @@ from .output import status
 
 def add_parsers(sub) -> None:
     """`tokenrouter bench`: workloads, runs, and the models and policy as for generate."""
-    from ..bench.systems import SYSTEMS
-    from ..bench.workloads import BUILT_IN, SIZES
+    from ..bench import BUILT_IN, SIZES, SYSTEMS
 
     def sizes(name: str) -> str:
         return ", ".join(f"{k} {v.max_tokens}" for k, v in SIZES[name].items() if k != "tiny")
@@ -166,10 +165,7 @@ def bench_config(args):
     """Check every bench argument and build the harness's configuration (nothing loaded yet)."""
     import torch
 
-    from ..bench.prompt_file import read_prompts
-    from ..bench.settings import BenchConfig
-    from ..bench.systems import SYSTEMS
-    from ..bench.workloads import BUILT_IN, workload
+    from ..bench import BUILT_IN, SYSTEMS, BenchConfig, read_prompts, workload
     from ..errors import ConfigError
 
     args.device = device_from_arg(args.device)
@@ -240,10 +236,9 @@ def bench(args, argv: Sequence[str] | None) -> int:
 
     import anyio
 
-    from ..bench.harness import run_bench
-    from ..bench.report import markdown, write_report
+    from ..bench import markdown, run_bench, write_report
     from ..config import ModelSpec
-    from ..engine.model.loader import load_tokenizer
+    from ..engine import load_tokenizer
 
     cfg = bench_config(args)
     out_dir = Path(args.out or Path("bench_out") / time.strftime("%Y%m%d-%H%M%S"))

@@ -109,7 +109,7 @@ def model_spec(name: str, path: Path, precision: str = "auto", **fields):
     bench build every spec here, so the flag means the same in each."""
     from pydantic import ValidationError
 
-    from ..api.setup import first_error, spec_in_precision
+    from ..api import first_error, spec_in_precision
 
     try:
         return spec_in_precision(path, precision, **fields)

@@ -163,11 +163,18 @@ def _plan(args, say, argv=None):
     """Check every argument, then (and only then) build or fetch what the run needs."""
     from pydantic import ValidationError
 
-    from ..eval.data import fingerprint, load_problems, select
-    from ..eval.quick import QUICK_MAX_TOKENS, QUICK_PROBLEMS, QUICK_SYSTEMS, build_tiny_pair
-    from ..eval.runner import EvalPlan
-    from ..eval.settings import EvalSettings
-    from ..eval.systems import parse_systems
+    from ..eval import (
+        QUICK_MAX_TOKENS,
+        QUICK_PROBLEMS,
+        QUICK_SYSTEMS,
+        EvalPlan,
+        EvalSettings,
+        build_tiny_pair,
+        fingerprint,
+        load_problems,
+        parse_systems,
+        select,
+    )
 
     quick = args.quick
     places = _model_places(args)
@@ -232,9 +239,7 @@ def _plan(args, say, argv=None):
 
 
 def _report(out_dir: Path, say) -> None:
-    from ..eval.report import markdown, write_report
-    from ..eval.results import RESULTS, ResultsFile
-    from ..eval.summary import summarize
+    from ..eval import RESULTS, ResultsFile, markdown, summarize, write_report
 
     written, notes = write_report(out_dir)
     print(markdown(summarize(ResultsFile(out_dir / RESULTS).read())), end="")
@@ -256,7 +261,7 @@ def _run(args, say, argv) -> int:
         raise UsageError("--resume needs --out DIR, the directory of the run to continue")
     import anyio
 
-    from ..eval.runner import run_eval
+    from ..eval import run_eval
 
     plan = _plan(args, say, argv)
     say(

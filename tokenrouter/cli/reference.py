@@ -17,7 +17,7 @@ WIDTH = "100"  # the help's line width, fixed so that the text does not depend o
 
 def reference() -> str:
     """The section, markers included: `tokenrouter --help`, then each command's."""
-    from .main import build_parsers
+    from .command_line import build_parsers
 
     before = os.environ.get("COLUMNS")
     os.environ["COLUMNS"] = WIDTH

@@ -63,14 +63,14 @@ def models_table(args) -> int:
 
 
 def probes(clear: bool) -> int:
-    from ..engine.quant import probe_cache
+    from ..engine import clear_probes, list_probes, probe_dir
 
     if clear:
-        n = probe_cache.clear_probes()
-        print(f"removed {n} probe(s) from {probe_cache.probe_dir()}; the next load measures again")
+        n = clear_probes()
+        print(f"removed {n} probe(s) from {probe_dir()}; the next load measures again")
         return 0
-    records = probe_cache.list_probes()
-    print(f"probes: {probe_cache.probe_dir()} ({len(records)})")
+    records = list_probes()
+    print(f"probes: {probe_dir()} ({len(records)})")
     for r in records:
         what = r.info.get("shape") or r.info.get("shapes")
         loads = ", ".join("?" if x is None else f"{x:.2f}" for x in r.loads)

@@ -127,8 +127,7 @@ def run(args, argv) -> int:
 
 
 def label(args) -> int:
-    from ..training.corpus import generate_responses, python_corpus, read_jsonl
-    from ..training.labelling import label
+    from ..training import generate_responses, label, python_corpus, read_jsonl
 
     given = list(args.model) or list(store.DEFAULT_MODELS.items())
     names = [n for n, _ in given]
@@ -185,9 +184,8 @@ def label(args) -> int:
 
 
 def train_router(args) -> int:
-    from ..policies.routers import save_router
-    from ..training.labels import Labels
-    from ..training.router_training import COMPARISON, train_router
+    from ..policies import save_router
+    from ..training import COMPARISON, Labels, train_router
 
     labels = Labels.load(args.labels)
     t0 = time.perf_counter()

@@ -11,5 +11,6 @@ and only when a model is placed.
 """
 
 from .fleet import Fleet
+from .ray_runtime import ray_installed
 
-__all__ = ["Fleet"]
+__all__ = ["Fleet", "ray_installed"]

@@ -32,12 +32,9 @@ import ray
 import torch
 
 from ..config import ModelSpec
-from ..engine.model_core import ModelCore
-from ..engine.outbox import WorkerEvent
-from ..engine.sequence import Request
-from ..engine.worker.protocol import WorkerSettings
+from ..engine import ModelCore, Request, WorkerEvent, WorkerSettings
 from ..errors import ConfigError, ModelLoadError
-from ..policies.base import Policy
+from ..policies import Policy
 from . import wire
 from .caller_queue import CallerPeer, CallerQueue, Tracks
 from .channel import Channel, ChannelServer

@@ -15,8 +15,7 @@ import logging
 import threading
 import time
 
-from ..engine.outbox import WorkerEvent
-from ..engine.sequence import Request
+from ..engine import Request, WorkerEvent
 from . import wire
 from .channel import Channel
 

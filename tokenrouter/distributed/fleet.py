@@ -22,12 +22,9 @@ import uuid
 from collections.abc import Callable, Mapping
 
 from ..config import EngineOptions, ModelSpec
-from ..engine.model_core import ModelCore
-from ..engine.sequence import Request
-from ..engine.worker.cpu_turns import CoreShare
-from ..engine.worker.protocol import Sink, WorkerSettings
+from ..engine import CoreShare, ModelCore, Request, Sink, WorkerSettings
 from ..errors import ConfigError, InvalidRequestError
-from ..policies.base import Policy
+from ..policies import Policy
 from . import ray_runtime, wire
 from .channel import Channel, ChannelServer
 from .link_timing import measure_links

@@ -13,10 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from ..engine.outbox import Outbox
-from ..engine.sequence import SeqStatus
-from ..engine.worker.stats import WorkerStats
-from ..engine.worker.thread import WorkerThread
+from ..engine import Outbox, SeqStatus, WorkerStats, WorkerThread
 
 
 class LinkedWorker(WorkerThread):

@@ -15,8 +15,8 @@ import itertools
 import threading
 from collections.abc import Callable
 
-from ..engine.sequence import Request
-from ..policies.base import PeerMessage
+from ..engine import Request
+from ..policies import PeerMessage
 from . import wire
 from .channel import Channel
 

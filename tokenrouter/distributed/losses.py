@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from ..engine.outbox import WorkerEvent
+from ..engine import WorkerEvent
 from .linked_worker import owned_requests
 from .links import PeerLink
 from .order import RequestOrder

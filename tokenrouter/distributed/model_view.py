@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from ..config import ModelSpec
-from ..engine.model.loader import LoadedModel
+from ..engine import LoadedModel
 
 FINGERPRINT_ROWS = 16
 

@@ -15,9 +15,7 @@ import itertools
 import threading
 from dataclasses import dataclass, field
 
-from ..engine.outbox import WorkerEvent
-from ..engine.sequence import Request
-from ..engine.worker.protocol import Sink
+from ..engine import Request, Sink, WorkerEvent
 from . import wire
 from .linked_worker import LinkedWorker
 from .remote_worker import RemoteWorker

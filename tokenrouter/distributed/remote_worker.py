@@ -22,9 +22,7 @@ from concurrent.futures import Future
 from typing import Protocol
 
 from ..config import ModelSpec
-from ..engine.model.loader import LoadedModel
-from ..engine.sequence import Request
-from ..engine.worker.stats import WorkerStats
+from ..engine import LoadedModel, Request, WorkerStats
 from ..errors import ConfigError, ModelLoadError
 from . import wire
 from .links import CallerLink

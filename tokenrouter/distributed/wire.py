@@ -21,9 +21,7 @@ from __future__ import annotations
 import pickle
 from dataclasses import dataclass, field
 
-from ..engine.outbox import WorkerEvent
-from ..engine.worker.inbox import Abort, HandOff, Release, Stop, Submit  # the messages of one process cross as they are
-from ..engine.worker.stats import WorkerStats
+from ..engine import Abort, HandOff, Release, Stop, Submit, WorkerEvent, WorkerStats
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import logging
 
 import torch
 
-from ..policies.base import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
+from ..policies import ENTROPY, PeerMessage, Policy, StepResult, normalized_entropy
 from .core_stats import CoreCounters
 from .held_requests import HeldRequests
 from .outbox import Outbox, PeerHandOff

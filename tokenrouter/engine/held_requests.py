@@ -8,7 +8,7 @@ back up into `ModelCore`.
 from __future__ import annotations
 
 from .outbox import Outbox, WorkerEvent
-from .sched.scheduler import Scheduler
+from .sched import Scheduler
 from .sequence import Sequence
 
 

@@ -20,20 +20,17 @@ from dataclasses import dataclass
 
 from ..config import ModelSpec, SamplingParams
 from ..errors import ConfigError
-from ..policies.base import HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy
-from ..structured.matcher import MAX_ROLLBACK
-from .attention.choice import attention_choice, make_attention_backend
+from ..policies import HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy
+from ..structured import MAX_ROLLBACK
+from .attention import attention_choice, make_attention_backend
 from .core_stats import CoreCounters, CoreStats
 from .handoff import Routing
 from .held_requests import HeldRequests
-from .kv.block_manager import BlockManager
-from .kv.cache import KVCache, KVLayout
-from .model.loader import LoadedModel, load_model
-from .model.runner import ForwardOutput, ModelRunner
+from .kv import BlockManager, KVCache, KVLayout
+from .model import ForwardOutput, LoadedModel, ModelRunner, load_model
 from .outbox import Outbox, WorkerEvent
 from .role import Role
-from .sched.batch import ScheduledBatch
-from .sched.scheduler import Scheduler
+from .sched import ScheduledBatch, Scheduler
 from .sequence import Request, SeqStatus, Sequence
 from .step_logits import StepLogits
 from .verify import Verification

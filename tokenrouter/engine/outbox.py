@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..policies.base import PeerMessage
+from ..policies import PeerMessage
 from .sequence import Request
 
 

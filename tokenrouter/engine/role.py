@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..policies.base import Policy
+from ..policies import Policy
 
 
 @dataclass(frozen=True)

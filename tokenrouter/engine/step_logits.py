@@ -10,11 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling.logits_processor import LogitsRow, process_logits
-from ..sampling.logprobs import token_logprobs
-from ..sampling.sampler import Sampler, SamplingTensors
-from ..structured.matcher import MAX_ROLLBACK, GrammarState
-from .sched.batch import ScheduledBatch
+from ..sampling import LogitsRow, Sampler, SamplingTensors, process_logits, token_logprobs
+from ..structured import MAX_ROLLBACK, GrammarState
+from .sched import ScheduledBatch
 from .sequence import Sequence
 
 

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 
 import torch
 
-from ..policies.base import PeerMessage, Policy, Verdict, VerifyResult
+from ..policies import PeerMessage, Policy, Verdict, VerifyResult
 from .held_requests import HeldRequests
-from .kv.block_manager import BlockManager
-from .kv.cache import KVCache
-from .model.runner import ForwardOutput
+from .kv import BlockManager, KVCache
+from .model import ForwardOutput
 from .outbox import Outbox, WorkerEvent
 from .role import Role
 from .sequence import Sequence

@@ -18,10 +18,11 @@ cost and speed, for each model alone and for routed systems, on the same prompts
 - the subcommand (`add_parser`, `run`) is `tokenrouter/cli/eval_command.py`.
 """
 
-from .data import Problem, fetch_humaneval, load_problems, select
+from .data import Problem, fetch_humaneval, fingerprint, load_problems, select
 from .prompt import PROMPT_VERSION, build_program, extract_code, prompt_ids
-from .report import write_report
-from .results import ResultsFile
+from .quick import QUICK_MAX_TOKENS, QUICK_PROBLEMS, QUICK_SYSTEMS, build_tiny_pair
+from .report import markdown, write_report
+from .results import RESULTS, ResultsFile
 from .runner import EvalError, EvalPlan, run_eval
 from .sandbox import run_program
 from .sandbox_limits import Limits, Outcome, SandboxError
@@ -32,4 +33,5 @@ from .systems import SpecError, System, parse_systems
 __all__ = ["PROMPT_VERSION", "EvalError", "EvalPlan", "EvalSettings", "Limits", "Outcome", "Problem", "ResultsFile"]
 __all__ += ["SandboxError", "SpecError", "System", "build_program", "extract_code", "fetch_humaneval"]
 __all__ += ["load_problems", "parse_systems", "prompt_ids", "run_eval", "run_program", "select", "summarize"]
-__all__ += ["write_report"]
+__all__ += ["write_report", "QUICK_MAX_TOKENS", "QUICK_PROBLEMS", "QUICK_SYSTEMS", "RESULTS", "build_tiny_pair"]
+__all__ += ["fingerprint", "markdown"]

@@ -34,7 +34,7 @@ def _shapes_safetensors(directory: Path) -> dict[str, tuple[int, ...]]:
 
 
 def _shapes_gguf(path: Path) -> dict[str, tuple[int, ...]]:
-    from ..engine.quant.gguf_index import tensor_places
+    from ..engine import tensor_places
 
     return {name: t.shape for name, t in tensor_places(Path(path)).items()}
 

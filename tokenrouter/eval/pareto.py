@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench.report import pyplot, save_figure
+from ..bench import pyplot, save_figure
 from .label_placement import annotate_points
 from .summary import Summary
 

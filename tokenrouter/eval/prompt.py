@@ -25,7 +25,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from ..api.prompts import chat_ids
+from ..api import chat_ids
 from .data import Problem
 
 PROMPT_VERSION = 1

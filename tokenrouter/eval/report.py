@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..bench.report import write_table_and_plot
+from ..bench import write_table_and_plot
 from .pareto import plot
 from .results import RESULTS, ResultsFile
 from .summary import Summary, summarize

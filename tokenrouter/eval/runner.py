@@ -32,11 +32,8 @@ from pathlib import Path
 
 import anyio
 
-from ..api import Engine
-from ..api.setup import spec_in_precision
-from ..bench.engines import release_memory, wait_free
-from ..bench.machine import machine_info
-from ..bench.metrics import percentile
+from ..api import Engine, spec_in_precision
+from ..bench import machine_info, percentile, release_memory, wait_free
 from ..config import SamplingParams
 from ..errors import ConfigError, TokenRouterError
 from ..files import sha256_file

@@ -9,7 +9,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..engine.worker.stats import WorkerStats
+from ..engine import WorkerStats
 
 INF = math.inf
 # Upper bounds in seconds, fixed so that histograms from different runs and engines add up.

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from ..api.tool_calls import ToolChoice
+from ..api import ToolChoice
 from ..config import Grammar, JsonSchema, Regex, SamplingParams
 from .errors import api_error, bad_request
 

@@ -26,7 +26,7 @@ import time
 import torch
 
 from ..errors import ConfigError
-from ..sampling.sampler import Sampler, SamplingTensors, uniform_from
+from ..sampling import Sampler, SamplingTensors, uniform_from
 from .base import VERIFY, Policy, Route, StepResult, Verdict, VerifyResult
 
 _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws

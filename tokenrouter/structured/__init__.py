@@ -7,3 +7,8 @@
   rebuilds its state from the tokens it knows, so the constraint follows the request across
   hand-offs (it advances over a catch-up's tokens) and rolls back with rejected drafts.
 """
+
+from .compiler import GrammarCompiler, format_of
+from .matcher import MAX_ROLLBACK, GrammarState
+
+__all__ = ["GrammarCompiler", "GrammarState", "MAX_ROLLBACK", "format_of"]

@@ -31,9 +31,7 @@ from .worker_state import (
     scheduler_queues,
 )
 
-__all__ = (
-    ["CHATML_TEMPLATE", "SPECIAL_TOKENS", "build_perturbed_copy", "build_tiny_model", "build_tiny_pair"]
-    + ["build_tokenizer", "tiny_config", "ReferenceOutput", "load_reference_models", "reference_generate"]
-    + ["quantize_q4k", "write_gguf", "break_scheduler", "fail_forward", "wrap_forward", "handoff_waiting"]
-    + ["kv_blocks_in_use", "kv_blocks_total", "live_sequences", "scheduler_queues", "captures_hidden_states"]
-)
+__all__ = ["CHATML_TEMPLATE", "SPECIAL_TOKENS", "build_perturbed_copy", "build_tiny_model", "build_tiny_pair"]
+__all__ += ["build_tokenizer", "tiny_config", "ReferenceOutput", "load_reference_models", "reference_generate"]
+__all__ += ["quantize_q4k", "write_gguf", "break_scheduler", "fail_forward", "wrap_forward", "handoff_waiting"]
+__all__ += ["kv_blocks_in_use", "kv_blocks_total", "live_sequences", "scheduler_queues", "captures_hidden_states"]

@@ -12,9 +12,7 @@ from collections.abc import Callable
 from functools import partial
 from typing import Any
 
-from ..engine.model.runner import ForwardOutput
-from ..engine.sched.batch import ScheduledBatch
-from ..engine.worker.thread import WorkerThread
+from ..engine import ForwardOutput, ScheduledBatch, WorkerThread
 
 Forward = Callable[[ScheduledBatch], ForwardOutput]
 

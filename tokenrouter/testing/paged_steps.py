@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..engine.attention.backend import AttentionMetadata
+from ..engine import AttentionMetadata
 
 
 def step_metadata(rows: list[tuple[int, int]], tables: list[list[int]], block_size: int) -> AttentionMetadata:

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..config import SamplingParams
-from ..policies.base import Policy
+from ..policies import Policy
 
 
 @dataclass
@@ -64,19 +64,9 @@ def reference_generate(
     accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
     next position.
     """
-    from ..engine.handoff import MAX_STALLS
-    from ..engine.model.runner import HiddenCapture
-    from ..policies.base import (
-        ENTROPY,
-        HIDDEN,
-        TOKEN_EMBEDDING,
-        PeerMessage,
-        StepResult,
-        VerifyResult,
-        normalized_entropy,
-    )
-    from ..sampling.penalties import penalize_rows
-    from ..sampling.sampler import Sampler, SamplingTensors
+    from ..engine import MAX_STALLS, HiddenCapture
+    from ..policies import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, VerifyResult, normalized_entropy
+    from ..sampling import Sampler, SamplingTensors, penalize_rows
 
     names = policy.models
     tokens = list(prompt_ids)

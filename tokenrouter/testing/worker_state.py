@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from ..engine.sequence import Sequence
-from ..engine.worker.inbox import HandOff
-from ..engine.worker.thread import WorkerThread
+from ..engine import HandOff, Sequence, WorkerThread
 
 
 def live_sequences(worker: WorkerThread) -> Mapping[str, Sequence]:

@@ -146,7 +146,7 @@ def generate_responses(
 
     from ..api import Engine
     from ..config import ModelSpec, SamplingParams
-    from ..policies.single import Single
+    from ..policies import Single
 
     todo = [i for i, e in enumerate(examples) if e.get("response") is None]
     out = [dict(e) for e in examples]

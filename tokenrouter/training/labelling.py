@@ -18,10 +18,9 @@ from pathlib import Path
 
 import torch
 
-from ..api.prompts import chat_ids
+from ..api import chat_ids
 from ..errors import ConfigError
-from ..policies.base import normalized_entropy
-from ..policies.routers import R2R_TOP_K, ModelIdentity, model_identity
+from ..policies import R2R_TOP_K, ModelIdentity, model_identity, normalized_entropy
 from .corpus import check_example
 from .labels import Labels
 
@@ -41,7 +40,7 @@ def _resolve(name: str, where) -> Path:
 
 def _load_tokenizer(path: Path):
     from ..config import ModelSpec
-    from ..engine.model.loader import load_tokenizer
+    from ..engine import load_tokenizer
 
     return load_tokenizer(ModelSpec(path=path))
 
@@ -49,7 +48,7 @@ def _load_tokenizer(path: Path):
 def _load_model(path: Path, dtype: torch.dtype):
     from transformers import AutoModelForCausalLM
 
-    from ..engine.model.loader import dense_checkpoint
+    from ..engine import dense_checkpoint
     from ..errors import ModelLoadError
 
     directory = dense_checkpoint(path)  # a GGUF's dense copy, written once
@@ -82,7 +81,7 @@ def encode_example(tokenizer, example: Mapping, max_tokens: int | None) -> tuple
 @torch.inference_mode()
 def _teacher_force(model, ids: list[int], num_response: int, features: bool):
     """Logits (and the head's input) predicting each of the last `num_response` tokens."""
-    from ..engine.model.runner import HiddenCapture
+    from ..engine import HiddenCapture
 
     capture = HiddenCapture(model) if features else None
     try:

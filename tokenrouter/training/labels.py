@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from ..errors import ConfigError
 from ..files import atomic_path, write_text_atomic
-from ..policies.routers import ModelIdentity, read_saved
+from ..policies import ModelIdentity, read_saved
 
 LABELS_FILE = "labels.safetensors"
 META_FILE = "labels.json"

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import ConfigError
-from ..policies.routers import RouterConfig, RouterNet, load_router
+from ..policies import RouterConfig, RouterNet, load_router
 from .labels import Labels
 
 KINDS = ("r2r", "citer", "collm")
@@ -37,9 +37,7 @@ COMPARISON = {"r2r": "p >= threshold", "collm": "p > threshold", "citer": "confi
 
 
 def _policy_class(kind: str):
-    from ..policies.citer import CITER
-    from ..policies.collm import CoLLM
-    from ..policies.r2r import R2R
+    from ..policies import CITER, R2R, CoLLM
 
     return {"r2r": R2R, "citer": CITER, "collm": CoLLM}[kind]
 

@@ -19,7 +19,7 @@ import torch
 
 from ...config import ModelSpec
 from ...errors import ModelLoadError
-from ..kv.cache import KVCache
+from ..kv import KVCache
 from . import cpu_paged
 from .backend import AttentionBackend
 from .cpu_paged import CpuPagedAttention

@@ -22,11 +22,11 @@ from pathlib import Path
 
 import torch
 
-from ..kv.cache import KVCache
-from ..native import build as native_build
+from .. import native
+from ..kv import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 
-SOURCE = native_build.source("paged_kernels.c")
+SOURCE = native.source("paged_kernels.c")
 DTYPES = (torch.float32, torch.bfloat16)  # what q and the output may be
 KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V may be: the C file's KIND_*
 
@@ -40,7 +40,7 @@ class Kernel:
 
 def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
     """(the kernel, "") or (None, why not): built on first use, then read from the store."""
-    return native_build.load(SOURCE, bind, home)
+    return native.load(SOURCE, bind, home)
 
 
 def unsupported_reason(

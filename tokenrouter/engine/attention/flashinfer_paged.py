@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..kv.cache import KVCache
+from ..kv import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 from .paged_layout import PagedLayout
 

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..kv.cache import KVCache
+from ..kv import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 
 SHORT_EXTEND = 16  # extend rows of at most this many new tokens (after a cached prefix) are batched

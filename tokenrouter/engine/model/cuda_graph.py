@@ -22,10 +22,10 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ..attention.backend import AttentionMetadata
+from ..attention import AttentionMetadata
 
 if TYPE_CHECKING:
-    from ..attention.flashinfer_paged import FlashInferPagedAttention
+    from ..attention import FlashInferPagedAttention
 
 CAPTURE_LOCK = threading.Lock()  # one capture at a time in this process
 

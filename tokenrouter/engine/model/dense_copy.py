@@ -21,8 +21,8 @@ import torch
 
 from ...errors import ModelLoadError
 from ...files import atomic_path
-from ...store.layout import log, progress
-from ..quant.gguf_weights import GGUFWeights
+from ...store import log, progress
+from ..quant import GGUFWeights
 from .weights import empty_model
 
 FILE = "model.safetensors"

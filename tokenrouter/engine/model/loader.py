@@ -24,11 +24,8 @@ import torch
 
 from ...config import ModelSpec
 from ...errors import ModelLoadError
-from ..attention import backend as attention
-from ..native import heap
-from ..quant import kernels
-from ..quant.gguf_weights import GGUFWeights, main_kind
-from ..quant.precision import GGUF_MODES, meta_model, resolve_precision
+from .. import attention, native
+from ..quant import GGUF_MODES, GGUFWeights, gguf_sourced, main_kind, meta_model, prepare_linears, resolve_precision
 from . import dense_copy
 from .shared_tokenizer import load_shared
 from .weights import checkpoint_files, load_from_gguf, load_streaming
@@ -163,7 +160,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     gguf = GGUFWeights(ckpt.gguf, config) if precision.quantization in GGUF_MODES else None
     try:
         if gguf is not None:  # what the GGUF's blocks supply stays on meta, for the kernels to fill
-            skip = kernels.gguf_sourced(meta_model(config), gguf, precision.gguf_blocks)
+            skip = gguf_sourced(meta_model(config), gguf, precision.gguf_blocks)
             if ckpt.dense is not None and precision.quantization == "gguf+bf16":
                 skip = set()  # the dense copies of the weights serve the bf16 kernels (dense_bf16)
             streamed = load_streaming(config, ckpt.dense, dtype, ATTN, skip) if ckpt.dense else None
@@ -178,7 +175,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
             model.to(device)
         model.eval()
         vocab_size = model.get_output_embeddings().weight.shape[0]
-        linear_kernel = kernels.prepare_linears(model, spec, precision, device, gguf)
+        linear_kernel = prepare_linears(model, spec, precision, device, gguf)
     except ValueError as e:
         raise ModelLoadError(f"{spec.path}: transformers cannot build a causal LM from it: {e}") from e
     except OSError as e:
@@ -186,7 +183,7 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     finally:
         if gguf is not None:
             gguf.close()
-        heap.trim()  # what loading freed goes back to the system: the steady size is what the model holds
+        native.trim_heap()  # what loading freed goes back to the system: the steady size is what the model holds
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name,

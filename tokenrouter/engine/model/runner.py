@@ -9,9 +9,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..attention.backend import AttentionBackend, AttentionMetadata, step_context
-from ..attention.device_copy import to_device
-from ..sched.batch import ScheduledBatch
+from ..attention import AttentionBackend, AttentionMetadata, step_context, to_device
+from ..sched import ScheduledBatch
 from .cuda_graph import DecodeGraphs
 from .loader import LoadedModel
 from .torch_threads import use_threads

@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 
 from ...errors import ModelLoadError
-from ..native import heap
-from ..quant.gguf_weights import GGUFWeights
+from .. import native
+from ..quant import GGUFWeights
 
 # safetensors' dtype names
 _DTYPES = {
@@ -141,7 +141,7 @@ def load_from_gguf(
         values = gguf.dense(name)
         if values is not None:
             put(model, name, values.to(dtype))
-            heap.trim(collect=False)
+            native.trim_heap(collect=False)
     model.tie_weights()
     missing = [n for n, p in model.named_parameters(remove_duplicate=False) if p.is_meta and n not in skip]
     if missing:

@@ -21,7 +21,7 @@ def _malloc_trim():
     return getattr(libc, "malloc_trim", None)  # glibc only: absent on musl and macOS
 
 
-def trim(collect: bool = True) -> None:
+def trim_heap(collect: bool = True) -> None:
     """Give free heap pages back to the system, where the C library can (after collecting
     garbage, unless `collect` is False: a loop that frees what it made needs no collection)."""
     if collect:

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import torch
 
-from ..native import build as native_build
+from .. import native
 
-SOURCE = native_build.source("gguf_kernels.c")
+SOURCE = native.source("gguf_kernels.c")
 ENV = "TOKENROUTER_GGUF_KERNELS"
 # ggml's type numbers, and (values, bytes) per block
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
@@ -65,7 +65,7 @@ def load(home: str | Path | None = None) -> tuple[Library | None, str]:
     """(the library, "") or (None, why not): built on first use, then read from the store."""
     if os.environ.get(ENV, "").lower() in ("0", "off", "no", "false"):
         return None, f"{ENV}={os.environ[ENV]}"
-    return native_build.load(SOURCE, _open, home)
+    return native.load(SOURCE, _open, home)
 
 
 def _open(lib: ctypes.CDLL, path: Path) -> Library:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from ..native import build as native_build
+from .. import native
 
 log = logging.getLogger(__name__)
 
@@ -47,7 +47,7 @@ def cache_path(gguf_path: Path, home: str | Path | None = None) -> Path | None:
         "format": FORMAT,
         "gguf": [str(gguf_path.resolve()), st.st_size, st.st_mtime_ns],
         "torch": torch.__version__,
-        "cpu": native_build.cpu_identity(),
+        "cpu": native.cpu_identity(),
     }
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     return store.home_dir(home) / "kernels" / f"{gguf_path.stem}-{digest}.safetensors"

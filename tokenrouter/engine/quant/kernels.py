@@ -27,7 +27,7 @@ import torch
 
 from ...config import ModelSpec
 from ...errors import ModelLoadError
-from ..native import heap
+from .. import native
 from . import by_rows, gguf_blocks, gguf_native, int4, int8, int8_weights, kernel_cache, onednn
 from .gguf_embedding import GGUFEmbedding
 from .gguf_weights import GGUFWeights, dequantized, q4k_groups
@@ -173,7 +173,7 @@ def from_gguf(
             kinds.add("bf16-by-rows")
         setattr(parent, leaf, few)
         del module
-        heap.trim(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
+        native.trim_heap(collect=False)  # this tensor's scratch goes back now: freed pieces add up to the load's peak
     if onednn_ok and onednn.pack_linears(model, (dtype,)):
         kinds.add("onednn")
     order = ["blocks", "int4", "int8", "bf16-by-rows", "onednn", "gguf-embedding"]

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 
-from ..native.build import cpu_identity
+from ..native import cpu_identity
 from . import probe_cache
 
 log = logging.getLogger(__name__)

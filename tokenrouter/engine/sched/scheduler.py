@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict, deque
 from dataclasses import dataclass, field
 
-from ..kv.block_manager import BlockManager
+from ..kv import BlockManager
 from ..sequence import SeqStatus, Sequence
 from .batch import ScheduledBatch
 

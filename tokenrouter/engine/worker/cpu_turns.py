@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from ..model.torch_threads import use_threads
+from ..model import use_threads
 
 
 class CoreShare:

@@ -12,7 +12,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from ...policies.base import PeerMessage
+from ...policies import PeerMessage
 from ..sequence import Request
 
 

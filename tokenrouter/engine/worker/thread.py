@@ -25,8 +25,7 @@ from typing import Any
 
 import torch
 
-from ..model.loader import LoadedModel
-from ..model.torch_threads import usable_cores, use_threads
+from ..model import LoadedModel, usable_cores, use_threads
 from ..model_core import ModelCore
 from ..outbox import Outbox
 from ..sequence import Request
