@@ -148,7 +148,7 @@ MUTATIONS = [
         "tokenrouter/api/input_processor.py",
         "            if need > holds:\n",
         "            if False:\n",
-        ("tests/engine/test_kv_pool.py",),
+        ("tests/engine/kv/test_kv_pool.py",),
     ),
     Mutation(
         "channel-not-thread-safe",

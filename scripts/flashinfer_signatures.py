@@ -1,6 +1,6 @@
 """Record the signatures of the flashinfer callables tokenrouter's backend calls, for the default suite.
 
-The default environment has no flashinfer, so tests/engine/test_flashinfer_contract.py binds our calls
+The default environment has no flashinfer, so tests/engine/attention/test_flashinfer_contract.py binds our calls
 against the signatures this script read from the real library: parameter names, kinds and defaults
 (annotations left out) of every callable in tokenrouter.testing.flashinfer_fake.CALLABLES.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-RECORDED = ROOT / "tests" / "engine" / "data" / "flashinfer_0_7_4_signatures.json"
+RECORDED = ROOT / "tests" / "engine" / "attention" / "data" / "flashinfer_0_7_4_signatures.json"
 
 
 def signature_of(lib: Any, name: str) -> inspect.Signature:

@@ -13,7 +13,7 @@
 #             later stages run torch's attention backend on CUDA (flashinfer left off PYTHONPATH); if jit-fa3
 #             fails or times out, flashinfer stays with prefill forced to FA2 (--prefill-backend fa2); `!!`
 #             lines in the log and "fallbacks" in summary.json say so
-#   tests     pytest -m gpu tests/engine/test_gpu_backend.py
+#   tests     pytest -m gpu tests/engine/attention/test_gpu_backend.py
 #   routed    bench_gpu.py --quick --steps routed: routed vs lockstep, standard+pc, the large model alone
 #   eager     bench_gpu.py --quick --steps eager: routed with CUDA graphs off, C = 16
 #   single    bench_gpu.py --quick --steps single: the engine vs HF generate on the large model
@@ -94,7 +94,7 @@ if [ "$DRY" = 1 ]; then
     }
     tests_stage_starts() {
         local out
-        out=$("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/engine/test_gpu_backend.py 2>&1)
+        out=$("$PY" -m pytest -m gpu --collect-only -q -p no:cacheprovider tests/engine/attention/test_gpu_backend.py 2>&1)
         echo "$out" | tail -1
         echo "$out" | tail -1 | grep -qE "^[1-9][0-9]*(/[0-9]+)? tests? collected" && ! echo "$out" | tail -1 | grep -qi "error" ||
             { echo "$out" | tail -20; return 1; }
@@ -333,7 +333,7 @@ wait $PREPARE
 cat "$WORK/prepare.tsv" >> "$STAGES"
 echo "== models: $(cut -f3 "$WORK/prepare.tsv") s, exit $(cut -f4 "$WORK/prepare.tsv"); $(tail -1 "$WORK/prepare.log")"
 [ "$(cut -f4 "$WORK/prepare.tsv")" = 0 ] || cat "$WORK/prepare.log"
-NOTE="attention $ATTN, prefill $PREFILL" stage tests 120 $PY -m pytest -m gpu tests/engine/test_gpu_backend.py \
+NOTE="attention $ATTN, prefill $PREFILL" stage tests 120 $PY -m pytest -m gpu tests/engine/attention/test_gpu_backend.py \
     -p no:cacheprovider -q --junitxml "$OUT/pytest.xml"
 for step in routed eager single; do  # by worth per second, as the budget may cut the last
     case $step in routed) cap=150 ;; eager) cap=60 ;; single) cap=120 ;; esac

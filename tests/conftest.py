@@ -25,7 +25,7 @@ ARCHS = ["llama", "qwen2", "qwen3"]
 def _probes_ignore_the_machines_load(monkeypatch):
     """A probe measured in a test is judged by its timings alone: what else the machine runs while
     the suite does (another test process, CI's neighbours) must not make a cached probe be
-    measured again, and a test count more calls than it expects. tests/engine/test_probe_cache.py
+    measured again, and a test count more calls than it expects. tests/engine/quant/test_probe_cache.py
     checks the load rule itself."""
     from tokenrouter.engine.quant import probe_cache
 

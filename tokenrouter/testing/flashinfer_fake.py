@@ -17,7 +17,7 @@ Capture is torch.cuda's stream capture, or `FakeFlashInfer.capture()` where ther
 Attention is computed without host reads (static shapes: each row gets room for all the planned
 pages), so a capture-safety check can run the fake inside a "captured" forward. Every public call
 is recorded in `FakeFlashInfer.calls`, for tests to bind against 0.7.4's signatures, which
-scripts/flashinfer_signatures.py recorded in tests/engine/data/flashinfer_0_7_4_signatures.json.
+scripts/flashinfer_signatures.py recorded in tests/engine/attention/data/flashinfer_0_7_4_signatures.json.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 (tokenrouter/testing/flashinfer_fake.py) computes its documented semantics and refuses what it refuses.
 
 The real signatures were read from the 0.7.4 wheel by scripts/flashinfer_signatures.py into
-tests/engine/data/; where flashinfer is importable (the GPU kit's dry run) a test re-reads them from it.
+tests/engine/attention/data/; where flashinfer is importable (the GPU kit's dry run) a test re-reads them from it.
 Every check of the fake has a test here that feeds it the defect it guards and sees it raise.
 """
 
@@ -25,7 +25,7 @@ from tokenrouter.engine.attention.paged_layout import PagedLayout
 from tokenrouter.engine.kv import KVCache, KVLayout
 from tokenrouter.testing.flashinfer_fake import CALLABLES, FORWARDED, Call, FakeFlashInfer, attention
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 _spec = importlib.util.spec_from_file_location("flashinfer_signatures", ROOT / "scripts" / "flashinfer_signatures.py")
 sigtool = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(sigtool)

@@ -19,7 +19,7 @@ import anyio
 import pytest
 import torch
 
-from tests.engine.test_flashinfer_contract import reference_attention
+from tests.engine.attention.test_flashinfer_contract import reference_attention
 from tests.helpers import generate_all, holds_nothing
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single
 from tokenrouter.engine import Request, ScheduledBatch, SeqStatus, Sequence
