@@ -72,3 +72,4 @@ class CoreStats:
     steps_by_threads: dict[int, int]
     attention_fallback: str | None = None  # why attention_backend="auto" runs torch's (engine/worker/stats.py)
     cuda_graph_error: str | None = None  # why capturing CUDA graphs failed
+    model_forward: str = ""  # "fused" (engine/model/fused_decoder.py) or "transformers: <why not fused>"

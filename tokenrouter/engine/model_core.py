@@ -301,6 +301,7 @@ class ModelCore:
             cuda_graph_batch_sizes=self.cuda_graph_sizes,
             attention_fallback=self.attention_fallback,
             cuda_graph_error=self.runner.graph_error,
+            model_forward=self.runner.forward_kind,
             torch_threads=self.torch_threads,
             steps_by_threads=dict(c.steps_by_threads),
         )

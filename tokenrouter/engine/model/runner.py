@@ -12,6 +12,7 @@ import torch
 from ..attention import AttentionBackend, AttentionMetadata, step_context, to_device
 from ..sched import ScheduledBatch
 from .cuda_graph import DecodeGraphs
+from .fused_decoder import FusedDecoder
 from .loader import LoadedModel
 from .torch_threads import use_threads
 
@@ -100,6 +101,8 @@ class ModelRunner:
         self.capture = HiddenCapture(loaded.model) if capture_hidden else None
         self.graphs: DecodeGraphs | None = None  # CUDA graphs of decode steps (engine/model/cuda_graph.py)
         self.graph_error: str | None = None  # why capturing them failed ("RuntimeError: ..."), if it did
+        # the forward as a few C calls a layer (engine/model/fused_decoder.py), where it serves
+        self.fused, self.fused_off = FusedDecoder.of(loaded.model, loaded.dtype, loaded.device)
 
     def capture_graphs(self, max_batch: int, scratch_block: int) -> None:
         """CUDA graphs of pure-decode steps up to `max_batch` rows, padded onto `scratch_block`
@@ -121,6 +124,11 @@ class ModelRunner:
             )
             return
         self.graphs = graphs
+
+    @property
+    def forward_kind(self) -> str:
+        """ "fused" where the fused decoder serves, else "transformers: " and why not."""
+        return "fused" if self.fused is not None else f"transformers: {self.fused_off}"
 
     @property
     def graph_sizes(self) -> list[int]:
@@ -287,14 +295,14 @@ class ModelRunner:
         or wider whatever the model computes in), and their last hidden states when captured.
         Nothing here syncs the device, so CUDA graphs capture it as it is."""
         with step_context(self.backend, meta):
-            out = self.model(
-                input_ids=input_ids[None],
-                position_ids=positions[None],
-                use_cache=False,
-                logits_to_keep=keep,
-            )
-        hidden = self.capture.take()[0] if self.capture is not None else None
-        logits = out.logits[0]
+            if self.fused is not None:
+                logits = self.fused(input_ids, positions, self.backend, meta, keep)
+            else:
+                logits = self.model(
+                    input_ids=input_ids[None], position_ids=positions[None], use_cache=False, logits_to_keep=keep
+                ).logits[0]
+        hidden = self.capture.take() if self.capture is not None else None
+        hidden = hidden[0] if hidden is not None and hidden.dim() == 3 else hidden
         if logits.dtype in (torch.bfloat16, torch.float16):  # the sampler and every policy read float32
             logits = logits.float()
         return logits, hidden

@@ -59,6 +59,8 @@ class Library:
     packed_bytes: Callable[..., int]  # tr_gguf_packed_bytes
     repack: Callable[..., int]  # tr_gguf_repack
     matmul_packed: Callable[..., int]  # tr_gguf_matmul_packed (the fast path)
+    linears: Callable[..., int]  # tr_gguf_linears (a layer's fused calls, fast path only)
+    rope: Callable[..., None]  # tr_rope
 
 
 def load(home: str | Path | None = None) -> tuple[Library | None, str]:
@@ -77,6 +79,8 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         ("tr_gguf_packed_bytes", i64, [i32, i64, i64]),
         ("tr_gguf_repack", i32, [i32, ptr, i64, i64, ptr, i32]),
         ("tr_fast_path", i32, []),
+        ("tr_gguf_linears", i32, [i32, ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, i64, i32, i32]),
+        ("tr_rope", None, [ptr, i64, i64, i32, i32, ptr, ptr]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -87,6 +91,8 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         lib.tr_gguf_packed_bytes,
         lib.tr_gguf_repack,
         lib.tr_gguf_matmul_packed,
+        lib.tr_gguf_linears,
+        lib.tr_rope,
     )
 
 

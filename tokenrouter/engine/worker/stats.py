@@ -40,6 +40,9 @@ class WorkerStats:
     attention_fallback: str | None = None
     cuda_graph_batch_sizes: list[int] = field(default_factory=list)  # decode steps replayed from CUDA graphs
     cuda_graph_error: str | None = None  # why capturing them failed ("RuntimeError: ..."; the log has the traceback)
+    # "fused": a few C calls a layer on the GGUF block kernels (engine/model/fused_decoder.py);
+    # else "transformers: " and why not
+    model_forward: str = ""
     torch_threads: int | None = None  # torch threads the forwards are meant to run on
     steps_by_threads: dict[int, int] = field(default_factory=dict)  # steps by the torch threads they ran on
     time_transport_s: float = 0.0  # sending hand-offs and events to other processes (Ray actors; 0 in one process)
