@@ -297,6 +297,47 @@ def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
     assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
 
 
+def test_a_draft_scoring_part_of_the_vocabulary_keeps_speculative_exact(drafting_pair, tiny_pair, tokenizer):
+    """ModelSpec(draft_vocab=N) on the drafter (its head scores ids below N only): greedy
+    Speculative is still Hugging Face generate on the large model, token for token, and the
+    drafter's proposals lose only the tokens it cannot name; sampled, the first two tokens are
+    still distributed as the target's (chi-square, as above), with N cutting through the
+    target's likeliest first tokens so that some of them are ones the drafter never proposes."""
+    work = _workload(tokenizer, n=8, seed=5)
+    specs = _specs(drafting_pair)
+    specs["small"] = specs["small"].model_copy(update={"draft_vocab": len(tokenizer) // 2})
+    outs, stats = _serve(specs, Speculative(k=4), work)
+    for (prompt, n), out in zip(work, outs):
+        assert out.token_ids == hf_greedy(drafting_pair["large"], prompt, n), (prompt, n)
+    assert sum(o.token_models.count("small") for o in outs) > 0  # accepted drafts: the narrow head served
+
+    prompt = [17, 40, 9, 101, 33]
+    params = SamplingParams(temperature=1.0, top_k=6, max_tokens=2, ignore_eos=True)
+    expected = _exact_two_tokens(tiny_pair["large"], prompt, params)
+    firsts = sorted({a for a, _ in expected})
+    cut = firsts[len(firsts) // 2]  # the drafter can name only the lower half of them
+    specs = _specs(tiny_pair, max_num_seqs=64)
+    specs["small"] = specs["small"].model_copy(update={"draft_vocab": cut})
+
+    async def main():
+        counts: dict = {}
+        async with Engine(models=specs, policy=Speculative(k=2)) as e:
+            assert e.loaded["small"].linear_kernel.endswith(f"+head-first-{cut}")
+
+            async def one(seed):
+                out = await e.generate(prompt, params.model_copy(update={"seed": seed}))
+                counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
+
+            async with anyio.create_task_group() as tg:
+                for seed in range(SAMPLES):
+                    tg.start_soon(one, seed)
+            await wait_all_free(e)
+        return counts
+
+    counts = anyio.run(main)
+    assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
+
+
 @pytest.fixture(scope="module")
 def drafting_pair(tiny_pair, tmp_path_factory):
     """The tiny pair's large model and, as drafter, a perturbed copy of it: unlike two random

@@ -160,6 +160,16 @@ class ModelSpec(BaseModel):
         "activations, float32 on CPU (engine/quant/int8.py); lossy, meant for a draft model whose "
         "tokens a verifying policy checks. None: dense weights in `dtype` (a GGUF's dense copy, written once).",
     )
+    draft_vocab: int | None = Field(
+        None,
+        ge=1,
+        strict=True,
+        description="Score only the first N token ids in the output head (a BPE vocabulary's commonest "
+        "tokens), the rest -inf: a cheaper draft step (FR-Spec). For a draft model whose tokens a verifying "
+        "policy checks (Speculative), where it is lossless; any other use restricts the model's output. "
+        "Applies to a head on the GGUF block kernels or a dense one (else the full head serves, with a "
+        "warning). None: the whole vocabulary.",
+    )
 
     attention_backend: Literal["auto", "torch", "cpu", "flashinfer"] = Field(
         "auto",

@@ -25,7 +25,16 @@ import torch
 from ...config import ModelSpec
 from ...errors import ModelLoadError
 from .. import attention, native
-from ..quant import GGUF_MODES, GGUFWeights, gguf_sourced, main_kind, meta_model, prepare_linears, resolve_precision
+from ..quant import (
+    GGUF_MODES,
+    GGUFWeights,
+    gguf_sourced,
+    main_kind,
+    meta_model,
+    narrow_head,
+    prepare_linears,
+    resolve_precision,
+)
 from . import dense_copy
 from .shared_tokenizer import load_shared
 from .weights import checkpoint_files, load_from_gguf, load_streaming
@@ -184,6 +193,13 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
         if gguf is not None:
             gguf.close()
         native.trim_heap()  # what loading freed goes back to the system: the steady size is what the model holds
+    if spec.draft_vocab is not None:
+        if spec.draft_vocab >= vocab_size:
+            raise ModelLoadError(
+                f"draft_vocab={spec.draft_vocab} must be below {spec.path}'s vocabulary of {vocab_size}"
+            )
+        if not narrow_head(model, spec.draft_vocab):
+            linear_kernel += f"+head-first-{spec.draft_vocab}"
     tokenizer = load_tokenizer(spec)
     return LoadedModel(
         name=name,
