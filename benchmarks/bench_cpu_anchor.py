@@ -118,8 +118,15 @@ def in_own_thread(fn):
     return out["result"]
 
 
-def engine_round(args, paths, precision: str, systems: list[str], round_no: int, say) -> list[dict]:
+def engine_round(
+    args, paths, precision: str, systems: list[str], round_no: int, say, draft_vocab: int | None = None
+) -> list[dict]:
+    """One run of `systems` in `precision`; with `draft_vocab`, the small model's head scores only
+    that many ids (ModelSpec.draft_vocab), labelled so in the records' precision."""
     dtype, fields = PRECISION_OPTIONS[precision]
+    options = {m: dict(fields) for m in paths}
+    if draft_vocab is not None:
+        options["small"]["draft_vocab"] = draft_vocab
     cfg = BenchConfig(
         models=paths,
         policy=POLICIES["rstitch"](),
@@ -134,8 +141,9 @@ def engine_round(args, paths, precision: str, systems: list[str], round_no: int,
         reuse_engines=True,
         seed=round_no,  # a level's prompts differ between rounds, the same for every system in one
         dtype=dtype,
-        model_options={m: dict(fields) for m in paths},
+        model_options=options,
     )
+    label = precision if draft_vocab is None else f"{precision}, draft_vocab={draft_vocab}"
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
     result = anyio.run(lambda: run_bench(cfg, tokenizer, progress=say))
     out = []
@@ -143,7 +151,7 @@ def engine_round(args, paths, precision: str, systems: list[str], round_no: int,
         m = run.metrics()
         out.append(
             {
-                "precision": precision,
+                "precision": label,
                 "system": "rstitch" if run.system == "routed" else run.system,
                 "concurrency": run.concurrency,
                 "round": round_no,
@@ -152,7 +160,7 @@ def engine_round(args, paths, precision: str, systems: list[str], round_no: int,
             }
         )
     out.append(
-        {"precision": precision, "round": round_no, "bench": {k: v for k, v in result.to_dict().items() if k != "runs"}}
+        {"precision": label, "round": round_no, "bench": {k: v for k, v in result.to_dict().items() if k != "runs"}}
     )
     return out
 
@@ -166,6 +174,8 @@ def median_table(records: list[dict], llama: list[dict], concurrency: list[int])
         m: statistics.median(r["tok_per_s"] for r in llama if r["model"] == m) for m in {r["model"] for r in llama}
     }
     large = {(p, c): statistics.median(v) for (p, s, c), v in rows.items() if s == "large"}
+    for p, s, c in rows:  # a draft_vocab run compares with the large model of its precision
+        large.setdefault((p, c), large.get((p.split(",")[0], c)))
     lines = [
         "| precision | system | "
         + " | ".join(f"C={c} tok/s" for c in concurrency)
@@ -190,7 +200,7 @@ def median_table(records: list[dict], llama: list[dict], concurrency: list[int])
         med = {c: statistics.median(rows[(p, s, c)]) if (p, s, c) in rows else None for c in concurrency}
         cells = [f"{med[c]:.1f}" if med[c] else "" for c in concurrency]
         vs_anchor = [f"{med[c] / anchor['large']:.2f}" if med[c] and "large" in anchor else "" for c in concurrency]
-        vs_large = [f"{med[c] / large[(p, c)]:.2f}" if med[c] and (p, c) in large else "" for c in concurrency]
+        vs_large = [f"{med[c] / large[(p, c)]:.2f}" if med[c] and large.get((p, c)) else "" for c in concurrency]
         lines.append(f"| {p} | {s} | " + " | ".join(cells + vs_anchor + vs_large) + " |")
     return "\n".join(lines) + "\n"
 
@@ -221,6 +231,17 @@ def main(args) -> None:
             records += engine_round(
                 args, paths, p, systems, r, lambda line: print(f"round {r + 1} {p}: {line}", flush=True)
             )
+            if args.draft_vocab and p in args.all_systems_in:  # the lossless systems with a narrow drafter head
+                lossless = [s for s in ("speculative-4", "speculative-auto") if s in systems]
+                records += engine_round(
+                    args,
+                    paths,
+                    p,
+                    lossless,
+                    r,
+                    lambda line: print(f"round {r + 1} {p} draft_vocab: {line}", flush=True),
+                    args.draft_vocab,
+                )
         table = median_table(records, llama, args.concurrency)
         print(table, flush=True)
         if args.json:
@@ -264,6 +285,11 @@ if __name__ == "__main__":
     p.add_argument("--min-requests", type=int, default=4, help="requests per level: max(this, C)")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--kv-cache-tokens", type=int, default=8192)
+    p.add_argument(
+        "--draft-vocab",
+        type=int,
+        help="also run the Speculative systems with the small model's head on its first N ids (draft_vocab)",
+    )
     p.add_argument("--simulate-no-bf16", action="store_true", help="the probe answers as on a CPU without bf16")
     p.add_argument("--json", help="write every run, the medians and the machine here (after each round)")
     a = p.parse_args()
