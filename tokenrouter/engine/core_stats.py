@@ -26,6 +26,9 @@ class CoreCounters:
     catchups: int = 0  # requests arrived from a peer
     catchup_tokens: int = 0  # tokens they needed computed on arrival
     step_tokens: dict[int, int] = field(default_factory=dict)  # steps by the tokens they computed (copy() is atomic)
+    # a verifier's own proposals (`Route.proposals`, e.g. prompt lookup): tokens proposed, and accepted
+    proposed_tokens: int = 0
+    proposed_accepted: int = 0
 
     def routing(self) -> dict[str, float | dict[int, int]]:
         """What the throughput model reads (a snapshot that is not atomic, and need not be)."""
@@ -73,3 +76,5 @@ class CoreStats:
     attention_fallback: str | None = None  # why attention_backend="auto" runs torch's (engine/worker/stats.py)
     cuda_graph_error: str | None = None  # why capturing CUDA graphs failed
     model_forward: str = ""  # "fused" (engine/model/fused_decoder.py) or "transformers: <why not fused>"
+    proposed_tokens: int = 0  # tokens a verifier proposed itself (`Route.proposals`) and checked
+    proposed_accepted: int = 0  # of those, the ones it accepted

@@ -124,8 +124,13 @@ class ModelCore:
         self._held = held = HeldRequests(self.name, self.seqs, rt.scheduler)
         eos = loaded.eos_token_ids
         embedding = loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in self.policy.requires else None
-        self._routing = Routing(self.role, self.policy, held, self.counters, eos, embedding, self.keep_kv_on_handoff)
-        self._verification = Verification(self.role, self.policy, held, self._logits, rt.blocks, rt.cache, eos)
+        self._verification = Verification(
+            self.role, self.policy, held, self._logits, rt.blocks, rt.cache, eos, self.counters
+        )
+        check = self._verification.check  # a verifier's own proposals go to it
+        self._routing = Routing(
+            self.role, self.policy, held, self.counters, eos, embedding, self.keep_kv_on_handoff, check
+        )
         return loaded
 
     @property
@@ -304,6 +309,8 @@ class ModelCore:
             model_forward=self.runner.forward_kind,
             torch_threads=self.torch_threads,
             steps_by_threads=dict(c.steps_by_threads),
+            proposed_tokens=c.proposed_tokens,
+            proposed_accepted=c.proposed_accepted,
         )
 
     def profile_step(self, rows: int, tokens_each: int = 1, catch_up: int = 0, context: int = 64) -> float:

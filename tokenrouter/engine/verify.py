@@ -5,7 +5,8 @@ keeps its logits at every caught-up position (`ForwardOutput.verify`), the polic
 drafts to accept, and those are reported as the drafter's. The rest roll back here, KV included
 (`BlockManager.truncate` copies a shared block on write), and on the drafter when the request
 next reaches it: a `PeerMessage` is authoritative from its `start`. The verifier then writes the
-next position itself.
+next position itself. Tokens the verifier proposed itself (`Route.proposals`) are checked the
+same way, and reported as its own.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from ..policies import PeerMessage, Policy, Verdict, VerifyResult
+from .core_stats import CoreCounters
 from .held_requests import HeldRequests
 from .kv import BlockManager, KVCache
 from .model import ForwardOutput
@@ -40,7 +42,8 @@ class Verification:
     """One core's side of verification: the verifier's checks, and the rollbacks both sides make.
     It processes and samples a check's rows with the core's `StepLogits`, ends or reports the
     requests the core holds (`HeldRequests`), and cuts a rolled-back request's KV in the core's
-    pool: its blocks (`BlockManager.truncate`) and their contents (`KVCache.copy_blocks`)."""
+    pool: its blocks (`BlockManager.truncate`) and their contents (`KVCache.copy_blocks`). It counts
+    the verifier's own proposals accepted in the core's counters."""
 
     def __init__(
         self,
@@ -51,6 +54,7 @@ class Verification:
         blocks: BlockManager,
         cache: KVCache,
         eos_token_ids: frozenset[int],
+        counters: CoreCounters,
     ):
         self.role = role
         self.policy = policy
@@ -59,6 +63,7 @@ class Verification:
         self.blocks = blocks
         self.cache = cache
         self.eos_token_ids = eos_token_ids
+        self.counters = counters
 
     def check(self, seq: Sequence, source: str) -> None:
         """The tokens from seq.num_confirmed on are tentative: the next forward that reaches the
@@ -109,6 +114,8 @@ class Verification:
             start, drafts = seq.verify_start, seq.token_ids[seq.verify_start :]
             accept = int(verdict.accept[j])
             source, seq.verify_start, seq.verify_source = seq.verify_source, None, None
+            if source == self.role.name:  # its own proposals: its own tokens once accepted
+                self._own_records(seq, start, drafts[:accept], span)
             if self._confirm(seq, start, drafts[:accept], source, out):
                 ended.add(i)
                 continue
@@ -128,6 +135,16 @@ class Verification:
         keep = [i for i in range(len(seqs)) if i not in ended]
         hidden = fwd.hidden[keep] if fwd.hidden is not None else None
         return Verified([seqs[i] for i in keep], tokens[keep], logits[keep], hidden)
+
+    def _own_records(self, seq: Sequence, start: int, accepted: list[int], span: torch.Tensor) -> None:
+        """Count the verifier's own accepted proposals, and where the request asks logprobs, give
+        each the record a token the verifier wrote has: from its distribution at that position."""
+        self.counters.proposed_accepted += len(accepted)
+        if accepted and seq.req.params.logprobs is not None:
+            n = len(accepted)
+            records = self.logits.token_logprobs([seq] * n, span[:n], torch.tensor(accepted))
+            for j, record in enumerate(records):
+                seq.draft_logprobs[start + j] = record
 
     def _ask_policy(self, seqs: list[Sequence], spans: list[torch.Tensor]) -> Verdict:
         counts = [span.shape[0] - 1 for span in spans]

@@ -3,6 +3,7 @@
 from .base import (
     ENTROPY,
     HIDDEN,
+    HISTORY,
     STEP_FIELDS,
     TOKEN_EMBEDDING,
     VERIFY,
@@ -18,6 +19,7 @@ from .bild import BiLD
 from .citer import CITER
 from .collm import CoLLM
 from .escalation import Escalation
+from .lookup import PromptLookup
 from .r2r import R2R
 from .routers import (
     R2R_TOP_K,
@@ -36,4 +38,4 @@ from .speculative import Speculative
 __all__ = ["BiLD", "CITER", "CoLLM", "Escalation", "R2R", "ENTROPY", "HIDDEN", "PeerMessage", "Policy", "RStitch"]
 __all__ += ["Route", "STEP_FIELDS", "Single", "Speculative", "StepResult", "TOKEN_EMBEDDING", "VERIFY", "Verdict"]
 __all__ += ["VerifyResult", "normalized_entropy", "ModelIdentity", "R2R_TOP_K", "RouterConfig", "RouterNet"]
-__all__ += ["load_router", "model_identity", "read_saved", "save_router"]
+__all__ += ["load_router", "model_identity", "read_saved", "save_router", "HISTORY", "PromptLookup"]

@@ -27,7 +27,8 @@ ENTROPY = "entropy"  # normalized entropy of the next-token distribution
 HIDDEN = "hidden"  # the stepping model's last hidden state (what its output head sees)
 TOKEN_EMBEDDING = "token_embedding"  # the stepping model's input embedding of the sampled token
 VERIFY = "verify"  # the verifier's distributions over the tentative tokens it catches up on (`verify`)
-STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING, VERIFY})
+HISTORY = "history"  # each request's tokens so far, prompt included (to propose drafts from, `Route.proposals`)
+STEP_FIELDS = frozenset({ENTROPY, HIDDEN, TOKEN_EMBEDDING, VERIFY, HISTORY})
 
 
 def normalized_entropy(logits: torch.Tensor) -> torch.Tensor:
@@ -58,6 +59,9 @@ class StepResult:
     seeds: list[int] = field(default_factory=list)  # each request's seed (for reproducible draws)
     # a verifying policy's drafter: the tentative tokens each request holds, this one included
     tentative: torch.Tensor | None = None
+    # if HISTORY: each request's tokens before this step's (prompt and generated), the worker's own
+    # lists, lent for this call: read them, never change or keep them
+    history: list[list[int]] | None = None
 
     def __len__(self) -> int:
         return len(self.request_ids)
@@ -106,10 +110,16 @@ class Route:
 
     Discarding a token requires handing the request to another model, which regenerates that
     position; keeping it and staying is ordinary decoding.
+
+    A verifying policy may, on its verifier's own step, propose tokens to follow a kept token
+    that stays (`proposals[i]`, at most `max_draft`; [] for none): they become tentative at once,
+    with no model's step to write them, and the verifier's next step checks them as it checks a
+    drafter's (`verify` sees them with `sources[i]` the verifier itself). Prompt lookup drafts so.
     """
 
     keep: torch.Tensor  # [B] bool
     next_model: torch.Tensor  # [B] long
+    proposals: list[list[int]] | None = None  # per row: token ids to check next (verifier only)
 
     @classmethod
     def stay(cls, result: StepResult) -> Route:

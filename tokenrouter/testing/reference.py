@@ -62,10 +62,20 @@ def reference_generate(
     tentative (a drafter hands the request to the verifier where it would end, or after
     `max_draft`), and on the verifier's turn `verify` judges them from one forward's logits, the
     accepted ones count as their drafter's, the rest are dropped, and the verifier writes the
-    next position.
+    next position. Tokens the verifier proposes itself (`Route.proposals`) follow its kept token
+    as tentative ones, and its next turn judges them the same way.
     """
     from ..engine import MAX_STALLS, HiddenCapture
-    from ..policies import ENTROPY, HIDDEN, TOKEN_EMBEDDING, PeerMessage, StepResult, VerifyResult, normalized_entropy
+    from ..policies import (
+        ENTROPY,
+        HIDDEN,
+        HISTORY,
+        TOKEN_EMBEDDING,
+        PeerMessage,
+        StepResult,
+        VerifyResult,
+        normalized_entropy,
+    )
     from ..sampling import Sampler, SamplingTensors, penalize_rows
 
     names = policy.models
@@ -149,7 +159,7 @@ def reference_generate(
                 hidden = captures[current].take()[0, -1:] if captures else None
                 token = sample(logits, len(tokens) - len(prompt_ids))
             generated = len(tokens) - len(prompt_ids)
-            keep, nxt = True, names.index(current)
+            keep, nxt, proposal = True, names.index(current), []
             drafting = verifier is not None and current != verifier
             if len(names) > 1:
                 result = StepResult(
@@ -166,9 +176,11 @@ def reference_generate(
                     params=[params],
                     seeds=[seed],
                     tentative=torch.tensor([len(tokens) + 1 - confirmed]) if drafting else None,
+                    history=[list(tokens)] if HISTORY in policy.requires else None,
                 )
                 decision = policy.route(result)
                 keep, nxt = bool(decision.keep[0]), int(decision.next_model[0])
+                proposal = decision.proposals[0] if decision.proposals else []
             if keep:
                 t = int(token[0])
                 tokens.append(t)
@@ -185,6 +197,9 @@ def reference_generate(
                         return done("stop")
                     if len(tokens) - len(prompt_ids) >= max_tokens:
                         return done("length")
+                    if proposal and nxt == names.index(current):  # the verifier's own drafts, checked next
+                        tokens += [int(t) for t in proposal][: max_tokens - (len(tokens) - len(prompt_ids))]
+                        drafter = current
             target = names[nxt]
             if target == current:
                 if not keep:

@@ -45,4 +45,8 @@ class WorkerStats:
     model_forward: str = ""
     torch_threads: int | None = None  # torch threads the forwards are meant to run on
     steps_by_threads: dict[int, int] = field(default_factory=dict)  # steps by the torch threads they ran on
+    # a verifier's own proposals (`Route.proposals`: Speculative(lookup=True)'s prompt-lookup drafts):
+    # tokens it proposed and checked, and the ones it accepted
+    proposed_tokens: int = 0
+    proposed_accepted: int = 0
     time_transport_s: float = 0.0  # sending hand-offs and events to other processes (Ray actors; 0 in one process)
