@@ -17,6 +17,16 @@ what it would cost the target to write the tokens itself. The batch it plans for
 request in flight, wherever it is: a request drafting on the small model comes back to the
 target's batch, so the target's step alone undercounts it. The engine tells it that count
 (`use_in_flight`); without an engine, the sum of each model's latest step size stands in.
+
+`lookup=True` (or a `PromptLookup`) drafts for free where the text repeats: after each token the
+target writes, the request's latest tokens are looked for earlier in its prompt and output
+(policies/lookup.py); where they occur, the tokens that followed are proposed on the target's own
+step (`Route.proposals`) and its next step checks them, with no draft-model step; elsewhere the
+draft model drafts as before. A proposal is a point mass, q(x) = 1, so speculative sampling
+accepts it with probability p(x) and redraws a rejection from p without x. That is exactly "draw
+from p, as the target alone would, and accept where the draw is the proposal": done so, with the
+target's own seeded draw at each position, a seeded request writes the target alone's tokens
+through every lookup draft, accepted or not.
 """
 
 from __future__ import annotations
@@ -27,16 +37,25 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import Sampler, SamplingTensors, uniform_from
-from .base import VERIFY, Policy, Route, StepResult, Verdict, VerifyResult
+from .base import HISTORY, VERIFY, PeerMessage, Policy, Route, StepResult, Verdict, VerifyResult
+from .lookup import PromptLookup, TokenHistory
 
 _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws
 _RESIDUAL_SALT = 0x2E51D0A1
+_HISTORY = "lookup_history"  # the verifier's TokenHistory of a request: stays there, never sent
 
 
 class Speculative(Policy):
     requires = frozenset({VERIFY})
 
-    def __init__(self, k: int | str = 4, draft: str = "small", target: str = "large", max_k: int = 8):
+    def __init__(
+        self,
+        k: int | str = 4,
+        draft: str = "small",
+        target: str = "large",
+        max_k: int = 8,
+        lookup: bool | PromptLookup = False,
+    ):
         if draft == target:
             raise ConfigError("Speculative: draft and target must be different models")
         if k == "auto":
@@ -48,6 +67,14 @@ class Speculative(Policy):
         else:
             self.max_draft = k
         self.k = k
+        if lookup is True:
+            lookup = PromptLookup()
+        elif lookup is not False and not isinstance(lookup, PromptLookup):
+            raise ConfigError(f"Speculative: lookup must be True, False or a PromptLookup, got {lookup!r}")
+        self.lookup = lookup or None
+        if self.lookup is not None:
+            self.requires = frozenset({VERIFY, HISTORY})
+            self.max_draft = max(self.max_draft, self.lookup.tokens or 0)
         self.draft, self.target = draft, target
         self._sampler = Sampler()
         self.auto = AutoDraftLength(self.max_draft) if k == "auto" else None
@@ -57,6 +84,10 @@ class Speculative(Policy):
     @property
     def models(self) -> list[str]:
         return [self.draft, self.target]
+
+    def send(self, msg: PeerMessage, state: dict) -> PeerMessage:
+        msg.fields.update({key: value for key, value in state.items() if key != _HISTORY})
+        return msg
 
     def receive(self, msg, state: dict) -> None:
         super().receive(msg, state)
@@ -130,7 +161,18 @@ class Speculative(Policy):
         k = self.draft_length(self.in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
         for state in result.states:
             state["k"] = k
-        return Route(keep=torch.ones(n, dtype=torch.bool), next_model=torch.full((n,), 0 if k else 1, dtype=torch.long))
+        next_model = torch.full((n,), 0 if k else 1, dtype=torch.long)
+        if self.lookup is None or not k:
+            return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model)
+        length = self.lookup.tokens or k
+        proposals = [
+            self.lookup.propose(state.setdefault(_HISTORY, TokenHistory()), history, token, length)
+            for state, history, token in zip(result.states, result.history, result.tokens.tolist())
+        ]
+        next_model[torch.tensor([bool(p) for p in proposals], dtype=torch.bool)] = (
+            1  # a match: the target checks it next
+        )
+        return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model, proposals=proposals)
 
     def verify(self, result: VerifyResult) -> Verdict:
         """Greedy rows compare on the drafts' device (on the host as the engine gives them: one
@@ -139,6 +181,7 @@ class Speculative(Policy):
         k = result.drafts.shape[1]
         here = result.drafts.device
         sampled = [p.temperature > 0 for p in result.params]
+        looked_up = [source == self.target for source in result.sources]  # proposed by `lookup`
         qs = [state.pop("q", []) for state in result.states]
         accept = None
         if not all(sampled):  # greedy: accepted while the target's argmax agrees
@@ -153,10 +196,12 @@ class Speculative(Policy):
         accepted = accept.tolist() if accept is not None else [0] * len(result)
         drafts = result.drafts.to(result.logits.device, non_blocking=True) if any(sampled) else None
         for i, n in enumerate(counts):
-            if sampled[i]:  # one request at a time: each has its own seed stream
+            if sampled[i] and looked_up[i]:
+                accepted[i] = self._lookup_accept(result, i, drafts[i, :n], result.logits[i, : n + 1])
+            elif sampled[i]:  # one request at a time: each has its own seed stream
                 logits = result.logits[i, : n + 1]
                 accepted[i], given[i] = self._sample_accept(result, i, drafts[i, :n], logits, qs[i][-n:])
-            if self.auto is not None:  # drafts after the first rejection were never judged
+            if self.auto is not None and not looked_up[i]:  # drafts after the first rejection were never judged
                 self.auto.observe(accepted[i], min(n, accepted[i] + 1))
         return Verdict(accept=torch.tensor(accepted), tokens=torch.tensor(given))
 
@@ -189,8 +234,22 @@ class Speculative(Policy):
         accepted_count, drawn = torch.stack([j, torch.where(j < n, token, -1)]).tolist()
         return accepted_count, drawn
 
+    def _lookup_accept(self, result: VerifyResult, i: int, drafts, logits) -> int:
+        """Speculative sampling of a lookup draft, a point mass: the target's own draw at each
+        position (its sampler, the request's seed, the position), accepted while it is the draft.
+        Draft x is then accepted with probability p(x), and a rejection is a draw of p given that
+        it is not x: the normalised max(0, p - q) for q one-hot at x. The engine redraws the
+        rejected position from p with the same seed and position, so it writes that very draw."""
+        n = len(drafts)
+        first = int(result.num_generated[i])
+        steps = list(range(first, first + n))
+        st = SamplingTensors.build([result.params[i]] * n, [result.seeds[i]] * n, steps, logits.device)
+        differ = self._sampler(logits[:n], st) != drafts
+        return int(torch.where(differ.any(), differ.long().argmax(), n))
+
     def __repr__(self) -> str:
-        return f"Speculative(k={self.k!r}, draft={self.draft!r}, target={self.target!r})"
+        lookup = f", lookup={self.lookup!r}" if self.lookup is not None else ""
+        return f"Speculative(k={self.k!r}, draft={self.draft!r}, target={self.target!r}{lookup})"
 
 
 class AutoDraftLength:
