@@ -48,7 +48,7 @@ def test_sizes_are_the_documented_ones():
     assert (cpu.max_tokens, cpu.history_tokens, cpu.turns) == (16, 128, 2)
 
 
-@pytest.mark.parametrize("name", ["short", "long", "agentic"])
+@pytest.mark.parametrize("name", ["short", "long", "agentic", "agentic-edit"])
 def test_workloads_are_deterministic_from_the_seed(name, tokenizer):
     spec = workload(name, "cpu")
     a = spec.build(tokenizer, 5, seed=3, level=4)
@@ -90,6 +90,28 @@ def test_agentic_sessions_are_sized_as_documented(size, tokenizer):
         tools = "\n".join(m["content"] for m in s.messages[2:])
         assert any(w in tools for w in ("$ ls -la", "$ pytest", "$ cat "))
     assert len({s.messages[1]["content"] + s.messages[-1]["content"] for s in sessions}) == len(sessions)
+
+
+@pytest.mark.parametrize("size", ["cpu", "gpu"])
+def test_agentic_edit_sessions_quote_a_file_and_ask_for_it_back(size, tokenizer):
+    """Each session quotes whole functions of this package's own code (at least the size's
+    history, or a whole module), greps the function to rename, and asks for the file back; the
+    later turns ask for it again with another edit. Not run by default."""
+    from tokenrouter.bench import DEFAULT_WORKLOADS
+
+    assert "agentic-edit" not in DEFAULT_WORKLOADS
+    sizes = SIZES["agentic-edit"][size]
+    sessions = workload("agentic-edit", size).build(tokenizer, 4, seed=0)
+    for s in sessions:
+        assert s.turns == sizes.turns and s.max_tokens == [sizes.max_tokens] * sizes.turns
+        assert chat_tokens(tokenizer, s.messages) == s.prompt_tokens
+        task, quoted, grep = s.messages[1]["content"], s.messages[3]["content"], s.messages[5]["content"]
+        path, old = task.split()[1].rstrip(","), task.split("`")[1]
+        assert quoted.startswith(f"$ cat {path}\n") and f"def {old}(" in quoted
+        assert len(tokenizer.encode(quoted, add_special_tokens=False)) >= min(sizes.history_tokens, 40)
+        assert grep.startswith(f"$ grep -n '{old}' {path}") and "whole edited file" in grep
+        assert len(s.followups) == sizes.turns - 1 and all("whole file again" in f for f in s.followups)
+    assert len({s.messages[1]["content"] for s in sessions}) > 1
 
 
 def test_every_size_can_be_overridden(tokenizer):

@@ -1,8 +1,9 @@
 """`tokenrouter bench`: routed serving against its baselines (`systems.py`), on generated workloads.
 
-- `workloads.py`: short reasoning, long reasoning and agentic sessions, generated from a seed and
-  sized in the served model's tokens (a `gpu` and a `cpu` size); `questions.py` and `agentic.py`
-  write their prompts, `prompt_file.py` reads a JSONL file of yours instead;
+- `workloads.py`: short reasoning, long reasoning, agentic sessions and agentic edits, generated
+  from a seed and sized in the served model's tokens (a `gpu` and a `cpu` size); `questions.py`,
+  `agentic.py` and `edits.py` write their prompts, `prompt_file.py` reads a JSONL file of yours
+  instead;
 - `sessions.py`: a session (one client's turns) and its size in tokens;
 - `systems.py`: routed, standard, standard+pc and lockstep (`Engine(mode=...)`);
 - `settings.py`: a run's configuration (`BenchConfig`), checked before anything loads;
@@ -25,9 +26,9 @@ from .results import BenchResult
 from .sessions import Session, Sizes
 from .settings import BenchConfig, BenchError
 from .systems import SYSTEMS, System
-from .workloads import BUILT_IN, SIZES, WorkloadSpec, workload
+from .workloads import BUILT_IN, DEFAULT_WORKLOADS, SESSION_WORKLOADS, SIZES, WorkloadSpec, workload
 
 __all__ = ["BUILT_IN", "SIZES", "SYSTEMS", "BenchConfig", "BenchError", "BenchResult", "Run", "Session", "Sizes"]
 __all__ += ["Summary", "System", "Turn", "WorkloadSpec", "markdown", "measure", "plot", "read_prompts", "run_bench"]
 __all__ += ["workload", "write_report", "machine_info", "percentile", "pyplot", "release_memory", "save_figure"]
-__all__ += ["wait_free", "write_table_and_plot"]
+__all__ += ["wait_free", "write_table_and_plot", "DEFAULT_WORKLOADS", "SESSION_WORKLOADS"]

@@ -34,8 +34,9 @@ def add_parsers(sub) -> None:
         "request with the whole sequence), standard+pc (the same with prefix caching), lockstep (one loop "
         "steps each model in turn), and small and large (each model alone, no routing). The tables give each "
         "system's throughput over standard+pc's, the large model alone's and lockstep's. Workloads: short "
-        "(short reasoning), long (long reasoning) and agentic "
-        "(multi-turn sessions over a long shared history), generated from --seed, or your own prompts "
+        "(short reasoning), long (long reasoning), agentic "
+        "(multi-turn sessions over a long shared history) and agentic-edit (a quoted file asked back edited, "
+        "where prompt-lookup drafts pay), generated from --seed, or your own prompts "
         "(--prompts). Each (workload, C, system) gets a fresh engine, a warm-up request and --repeats measured "
         "runs of a closed loop keeping C requests (or agentic sessions) in flight, greedy with EOS ignored. "
         "Prints one line per run on stderr and a table per workload on stdout, and writes results.json, "
@@ -50,7 +51,8 @@ def add_parsers(sub) -> None:
         choices=BUILT_IN,
         default=None,
         metavar="NAME",
-        help="which built-in workloads to run: short, long, agentic (default: all three, or none with --prompts)",
+        help="which built-in workloads to run: short, long, agentic, agentic-edit (default: the first three, or "
+        "none with --prompts)",
     )
     w.add_argument(
         "--prompts",
@@ -75,8 +77,8 @@ def add_parsers(sub) -> None:
         "override the max output tokens of every workload (short, long: lengths drawn from [N/4, N]; "
         "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
     )
-    optional_count(w, "--history-tokens", "override the agentic history's size, in tokens")
-    optional_count(w, "--turns", "override the agentic turns per session")
+    optional_count(w, "--history-tokens", "override the agentic history's (agentic-edit: file's) size, in tokens")
+    optional_count(w, "--turns", "override the agentic and agentic-edit turns per session")
     w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
     r = b.add_argument_group("runs")
     r.add_argument(
@@ -165,23 +167,23 @@ def bench_config(args):
     """Check every bench argument and build the harness's configuration (nothing loaded yet)."""
     import torch
 
-    from ..bench import BUILT_IN, SYSTEMS, BenchConfig, read_prompts, workload
+    from ..bench import DEFAULT_WORKLOADS, SESSION_WORKLOADS, SYSTEMS, BenchConfig, read_prompts, workload
     from ..errors import ConfigError
 
     args.device = device_from_arg(args.device)
     device = torch.device(args.device)
     size = "tiny" if args.quick and args.size is None else args.size or ("gpu" if device.type == "cuda" else "cpu")
-    names = list(dict.fromkeys(args.workload or ([] if args.prompts else BUILT_IN)))
+    names = list(dict.fromkeys(args.workload or ([] if args.prompts else DEFAULT_WORKLOADS)))
     for flag, value in (("--history-tokens", args.history_tokens), ("--turns", args.turns)):
-        if value is not None and "agentic" not in names:
-            raise UsageError(f"{flag} is only for the agentic workload, which this run does not include")
+        if value is not None and not set(SESSION_WORKLOADS) & set(names):
+            raise UsageError(f"{flag} is only for the agentic workloads, which this run does not include")
     specs = [
         workload(
             n,
             size,
             max_tokens=args.max_tokens,
-            history_tokens=args.history_tokens if n == "agentic" else None,
-            turns=args.turns if n == "agentic" else None,
+            history_tokens=args.history_tokens if n in SESSION_WORKLOADS else None,
+            turns=args.turns if n in SESSION_WORKLOADS else None,
         )
         for n in names
     ]
