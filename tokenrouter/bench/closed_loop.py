@@ -108,4 +108,6 @@ async def measure(
         prefix_cache_hit_tokens={
             m: after[m].prefix_cache_hit_tokens - before[m].prefix_cache_hit_tokens for m in after
         },
+        proposed_tokens={m: after[m].proposed_tokens - before[m].proposed_tokens for m in after},
+        proposed_accepted={m: after[m].proposed_accepted - before[m].proposed_accepted for m in after},
     )

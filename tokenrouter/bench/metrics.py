@@ -64,6 +64,9 @@ class Run:
     turns: list[Turn] = field(repr=False)
     steps: dict[str, int] = field(default_factory=dict)  # per model, during the run
     prefix_cache_hit_tokens: dict[str, int] = field(default_factory=dict)
+    # per model, during the run: tokens it proposed itself and checked (prompt lookup), and accepted
+    proposed_tokens: dict[str, int] = field(default_factory=dict)
+    proposed_accepted: dict[str, int] = field(default_factory=dict)
 
     @property
     def done(self) -> list[Turn]:
@@ -113,6 +116,8 @@ class Run:
             **self.metrics(),
             "steps": self.steps,
             "prefix_cache_hit_tokens": self.prefix_cache_hit_tokens,
+            "proposed_tokens": self.proposed_tokens,
+            "proposed_accepted": self.proposed_accepted,
             "turns": turns,
         }
 
