@@ -1,24 +1,11 @@
 """Routing policies: which model writes each token."""
 
-from .base import (
-    ENTROPY,
-    HIDDEN,
-    HISTORY,
-    STEP_FIELDS,
-    TOKEN_EMBEDDING,
-    VERIFY,
-    PeerMessage,
-    Policy,
-    Route,
-    StepResult,
-    Verdict,
-    VerifyResult,
-    normalized_entropy,
-)
+from .base import PeerMessage, Policy, Route, StepResult, Verdict, VerifyResult, normalized_entropy
 from .bild import BiLD
 from .citer import CITER
 from .collm import CoLLM
 from .escalation import Escalation
+from .fields import ENTROPY, HIDDEN, HISTORY, STEP_FIELDS, TOKEN_EMBEDDING, VERIFY
 from .lookup import PromptLookup
 from .r2r import R2R
 from .routers import (

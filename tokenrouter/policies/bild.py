@@ -19,7 +19,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import ConfigError
-from .base import VERIFY, Policy, Route, StepResult, Verdict, VerifyResult
+from .base import Policy, Route, StepResult, Verdict, VerifyResult
+from .fields import VERIFY
 
 
 class BiLD(Policy):

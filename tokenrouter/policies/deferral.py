@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 
 from ..errors import ConfigError
-from .base import HIDDEN, Policy, Route, StepResult
+from .base import Policy, Route, StepResult
+from .fields import HIDDEN
 from .routers import RouterKind, RouterNet, check_pair, load_router, router_features
 
 

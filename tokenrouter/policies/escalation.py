@@ -11,7 +11,8 @@ from collections.abc import Sequence
 import torch
 
 from ..errors import ConfigError
-from .base import ENTROPY, Policy, Route, StepResult
+from .base import Policy, Route, StepResult
+from .fields import ENTROPY
 
 
 class Escalation(Policy):

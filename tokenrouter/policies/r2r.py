@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import HIDDEN, TOKEN_EMBEDDING
 from .deferral import OneTokenDeferral
+from .fields import HIDDEN, TOKEN_EMBEDDING
 
 
 class R2R(OneTokenDeferral):

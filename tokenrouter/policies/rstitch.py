@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import torch
 
-from .base import ENTROPY, Policy, Route, StepResult
+from .base import Policy, Route, StepResult
+from .fields import ENTROPY
 
 
 class RStitch(Policy):

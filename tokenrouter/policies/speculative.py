@@ -37,7 +37,8 @@ import torch
 
 from ..errors import ConfigError
 from ..sampling import Sampler, SamplingTensors, uniform_from
-from .base import HISTORY, VERIFY, PeerMessage, Policy, Route, StepResult, Verdict, VerifyResult
+from .base import PeerMessage, Policy, Route, StepResult, Verdict, VerifyResult
+from .fields import HISTORY, VERIFY
 from .lookup import PromptLookup, TokenHistory
 
 _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws
