@@ -141,14 +141,16 @@ def drafting_pair(tiny_pair, tmp_path_factory):
     return {"small": build_perturbed_copy(tiny_pair["large"], root / "small", noise=0.01), "large": tiny_pair["large"]}
 
 
-@pytest.mark.parametrize("k", [2, 6])
-def test_greedy_speculative_under_a_grammar_equals_the_target_alone(drafting_pair, k):
+@pytest.mark.parametrize("k, lookup", [(2, False), (6, False), (4, True)])
+def test_greedy_speculative_under_a_grammar_equals_the_target_alone(drafting_pair, k, lookup):
     """Drafts the grammar refuses are rejected, accepted ones advance the verifier's matcher and
-    rolled-back ones rewind the drafter's: the output is the constrained target's alone."""
+    rolled-back ones rewind the drafter's: the output is the constrained target's alone. So too
+    with prompt-lookup drafts, which the verifier proposes to itself (JSON repeats its keys'
+    punctuation)."""
     prompts = [f"Item {i}: describe it in JSON." for i in range(8)]
     params = [SamplingParams(temperature=0, max_tokens=120, response_format=fmt) for fmt in (Pet, Tags) * 4]
     target = _serve({"large": ModelSpec(path=drafting_pair["large"])}, Single("large"), prompts, params)
-    spec = _serve(_specs(drafting_pair), Speculative(k=k), prompts, params)
+    spec = _serve(_specs(drafting_pair), Speculative(k=k, lookup=lookup), prompts, params)
     for t, s in zip(target, spec):
         assert s.token_ids == t.token_ids
         assert s.finish_reason == t.finish_reason == "stop"
