@@ -172,6 +172,51 @@ def test_sampled_speculative_on_the_accelerator_equals_the_cpu(accel, placement)
     assert engine_reads(accel, got.accept, got.tokens) == 0
 
 
+def lookup_verify(fields: dict, put=None, all_on_device: bool = False, accel=None):
+    """Speculative(lookup=True)'s verify of drafts the target proposed itself (sources = the
+    target), and the syncs it made (None on the CPU)."""
+    result = verify_result(fields, [{} for _ in range(B)], put, all_on_device)
+    result.sources = ["large"] * B
+    spec = Speculative(k=K, lookup=True)
+    if accel is None:
+        return spec.verify(result), None
+    with accel.syncs() as s:
+        verdict = spec.verify(result)
+    return verdict, s
+
+
+@pytest.mark.parametrize("placement", ["engine", "device"])
+def test_sampled_lookup_verify_on_the_accelerator_equals_the_cpu(accel, placement):
+    """A lookup draft is accepted where the target's own seeded draw there is the draft; the
+    engine redraws the first rejection (token -1). Per request: its sampling tensors (two
+    copies) and one read of the answer, as for the draft model's drafts."""
+    fields = verify_input(temperature=0.8, seed=3)
+    want, _ = lookup_verify(fields)
+    got, s = lookup_verify(fields, accel.put, placement == "device", accel)
+    assert host(accel, got.accept) == want.accept.tolist()
+    assert host(accel, got.tokens) == want.tokens.tolist() == [-1] * B
+    accepted = want.accept.tolist()
+    assert any(a < n for a, n in zip(accepted, NUM_DRAFTS)) and any(a > 0 for a in accepted)
+    reads = B + (1 + B if placement == "device" else 0)  # + the counts, and each request's num_generated
+    assert (s.reads, s.uploads) == (reads, 2 * B + (placement == "engine")), s.log
+
+
+def test_speculative_lookup_route_on_the_accelerator(accel):
+    """The target's route with lookup reads the sampled tokens once (to look them up with the
+    request's history, on the host) and proposes the same tokens as on the CPU."""
+    logits = entropy_logits()
+    tokens = logits.argmax(-1).tolist()
+    history = [[5, 9, tokens[0], 8, 9], [1, 2, 3], [1, tokens[2], 6, 1], [4, 4], [3, tokens[4], 3], [5]]
+    want = Speculative(k=3, lookup=True).route(step_result("large", 1, logits, history=history))
+    with accel.syncs() as s:
+        got = Speculative(k=3, lookup=True).route(step_result("large", 1, logits, accel.put, history=history))
+    assert got.proposals == want.proposals and any(want.proposals) and not all(want.proposals)
+    assert (host(accel, got.keep), host(accel, got.next_model)) == (want.keep.tolist(), want.next_model.tolist())
+    assert host(accel, got.next_model) == [1 if p else 0 for p in want.proposals]
+    assert (s.reads, s.uploads) == (1, 0), s.log
+    assert engine_reads(accel, got.keep, got.next_model) == 0
+
+
 # ---- routing on the entropy ------------------------------------------------------------------------
 def test_normalized_entropy_is_float32_for_bf16_logits(accel):
     """In bf16 the entropy misses by ~1e-2: routing decisions near tau would differ."""
