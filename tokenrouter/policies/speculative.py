@@ -170,9 +170,8 @@ class Speculative(Policy):
             self.lookup.propose(state.setdefault(_HISTORY, TokenHistory()), history, token, length)
             for state, history, token in zip(result.states, result.history, result.tokens.tolist())
         ]
-        next_model[torch.tensor([bool(p) for p in proposals], dtype=torch.bool)] = (
-            1  # a match: the target checks it next
-        )
+        found = torch.tensor([bool(p) for p in proposals], dtype=torch.bool)
+        next_model[found] = 1  # a match: the target checks it next, no draft
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model, proposals=proposals)
 
     def verify(self, result: VerifyResult) -> Verdict:
