@@ -142,6 +142,7 @@ def profile_info(
         "dtype": str(loaded.dtype).removeprefix("torch."),
         "device": str(loaded.device),
         "linear_kernel": loaded.linear_kernel,
+        "model_forward": core.model_forward,  # a profile of transformers' forward is not the fused one's
         "attention_backend": core.attention_backend,
         "cuda_graph_batch_sizes": core.cuda_graph_sizes,
         "block_size": core.spec.block_size,

@@ -134,6 +134,11 @@ class ModelCore:
         return loaded
 
     @property
+    def model_forward(self) -> str:
+        """Which forward serves ("fused", or "transformers: " and why not); "" before loading."""
+        return self.runner.forward_kind if self.runner is not None else ""
+
+    @property
     def cuda_graph_sizes(self) -> list[int]:
         """Decode batch sizes replayed from CUDA graphs (none on CPU, or if capture failed)."""
         return self.runner.graph_sizes if self.runner is not None else []
@@ -306,7 +311,7 @@ class ModelCore:
             cuda_graph_batch_sizes=self.cuda_graph_sizes,
             attention_fallback=self.attention_fallback,
             cuda_graph_error=self.runner.graph_error,
-            model_forward=self.runner.forward_kind,
+            model_forward=self.model_forward,
             torch_threads=self.torch_threads,
             steps_by_threads=dict(c.steps_by_threads),
             proposed_tokens=c.proposed_tokens,
