@@ -69,6 +69,20 @@ PRECISION_OPTIONS = {  # BenchConfig dtype, and the ModelSpec fields every model
 }
 
 
+def pin_cores() -> None:
+    """This process on exactly THREADS cores (the engine's turns take every usable core), the
+    main thread's torch on one (workers and llama.cpp set their own), transformers quiet."""
+    cores = sorted(os.sched_getaffinity(0))
+    if len(cores) < THREADS:
+        raise SystemExit(f"needs {THREADS} cores, this process may use {len(cores)}")
+    os.sched_setaffinity(0, cores[:THREADS])
+    torch.set_num_threads(1)
+    import transformers
+
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+
+
 def prompts(tokenizer, cfg_workload, count: int) -> list[list[int]]:
     sessions = cfg_workload.build(tokenizer, count, seed=0, level=1)
     return [chat_ids(tokenizer, s.messages) for s in sessions]
@@ -293,13 +307,5 @@ if __name__ == "__main__":
     p.add_argument("--simulate-no-bf16", action="store_true", help="the probe answers as on a CPU without bf16")
     p.add_argument("--json", help="write every run, the medians and the machine here (after each round)")
     a = p.parse_args()
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < THREADS:
-        raise SystemExit(f"needs {THREADS} cores, this process may use {len(cores)}")
-    os.sched_setaffinity(0, cores[:THREADS])  # the engine's turns take every usable core: exactly these
-    torch.set_num_threads(1)  # the main thread runs no torch op; workers and llama.cpp set their own
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    pin_cores()
     main(a)

@@ -41,8 +41,7 @@ from pathlib import Path
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import anyio
-import torch
-from bench_cpu_anchor import MODELS, PRECISION_OPTIONS, THREADS, in_own_thread
+from bench_cpu_anchor import MODELS, PRECISION_OPTIONS, THREADS, in_own_thread, pin_cores
 
 from tokenrouter import store
 from tokenrouter.api import chat_ids
@@ -251,13 +250,5 @@ if __name__ == "__main__":
     )
     p.add_argument("--json", default=str(OUT), help="every run, the medians and the machine (after each round)")
     a = p.parse_args()
-    cores = sorted(os.sched_getaffinity(0))
-    if len(cores) < THREADS:
-        raise SystemExit(f"needs {THREADS} cores, this process may use {len(cores)}")
-    os.sched_setaffinity(0, cores[:THREADS])  # the engine's turns take every usable core: exactly these
-    torch.set_num_threads(1)  # the main thread runs no torch op; workers and llama.cpp set their own
-    import transformers
-
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    pin_cores()
     main(a)

@@ -277,14 +277,24 @@ def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
     params = SamplingParams(temperature=1.0, top_k=6, max_tokens=2, ignore_eos=True)
     expected = _exact_two_tokens(tiny_pair["large"], prompt, params)
 
+    counts = _seeded_counts(_specs(tiny_pair, max_num_seqs=64), Speculative(k=k), prompt, params)
+    assert sum(counts.values()) == SAMPLES
+    assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
+
+
+def _seeded_counts(specs, policy, prompt, params, check=None) -> dict:
+    """How often each output comes out of SAMPLES seeds of `params`, all in flight at once
+    (`check(engine)` first, where given)."""
+
     async def main():
         counts: dict = {}
-        async with Engine(models=_specs(tiny_pair, max_num_seqs=64), policy=Speculative(k=k)) as e:
+        async with Engine(models=specs, policy=policy) as e:
+            if check is not None:
+                check(e)
 
             async def one(seed):
                 out = await e.generate(prompt, params.model_copy(update={"seed": seed}))
-                key = tuple(out.token_ids)
-                counts[key] = counts.get(key, 0) + 1
+                counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
 
             async with anyio.create_task_group() as tg:
                 for seed in range(SAMPLES):
@@ -292,9 +302,7 @@ def test_speculative_sampling_draws_from_the_target(tiny_pair, k):
             await wait_all_free(e)
         return counts
 
-    counts = anyio.run(main)
-    assert sum(counts.values()) == SAMPLES
-    assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
+    return anyio.run(main)
 
 
 def test_a_draft_scoring_part_of_the_vocabulary_keeps_speculative_exact(drafting_pair, tiny_pair, tokenizer):
@@ -319,22 +327,10 @@ def test_a_draft_scoring_part_of_the_vocabulary_keeps_speculative_exact(drafting
     specs = _specs(tiny_pair, max_num_seqs=64)
     specs["small"] = specs["small"].model_copy(update={"draft_vocab": cut})
 
-    async def main():
-        counts: dict = {}
-        async with Engine(models=specs, policy=Speculative(k=2)) as e:
-            assert e.loaded["small"].linear_kernel.endswith(f"+head-first-{cut}")
+    def narrowed(e):
+        assert e.loaded["small"].linear_kernel.endswith(f"+head-first-{cut}")
 
-            async def one(seed):
-                out = await e.generate(prompt, params.model_copy(update={"seed": seed}))
-                counts[tuple(out.token_ids)] = counts.get(tuple(out.token_ids), 0) + 1
-
-            async with anyio.create_task_group() as tg:
-                for seed in range(SAMPLES):
-                    tg.start_soon(one, seed)
-            await wait_all_free(e)
-        return counts
-
-    counts = anyio.run(main)
+    counts = _seeded_counts(specs, Speculative(k=2), prompt, params, narrowed)
     assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)
 
 
