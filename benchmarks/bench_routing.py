@@ -124,6 +124,7 @@ def main(args) -> None:
         dtype=args.dtype,
         cuda_graph_max_batch=args.cuda_graph_max_batch,
         reuse_engines=args.reuse_engines,
+        order=args.order,
         # flashinfer's prefill kernels (ModelSpec.prefill_backend): "fa2" where FA3 did not build
         model_options={m: {"prefill_backend": args.prefill_backend} for m in paths}
         if args.prefill_backend != "auto"
@@ -132,7 +133,9 @@ def main(args) -> None:
     command = shlex.join([sys.executable, *sys.argv])
     print(f"# {command}")
     tokenizer = load_tokenizer(ModelSpec(path=paths["small"]))
-    result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=print))
+    # --json is rewritten after every run, so a run killed midway leaves what it finished
+    checkpoint = (lambda partial: write_json(partial, args.json)) if args.json else None
+    result = anyio.run(lambda: run_bench(cfg, tokenizer, command=command, progress=print, checkpoint=checkpoint))
     print()
     print(markdown(result), end="")
     for w in result.warnings:
@@ -170,7 +173,13 @@ if __name__ == "__main__":
         action="store_true",
         help="load each system's engine once for all its runs (prefix cache reset before each run)",
     )
-    p.add_argument("--json", help="write every run, the medians and the machine to this file")
+    p.add_argument(
+        "--order",
+        choices=["rounds", "levels"],
+        default="rounds",
+        help="levels: every system at one level before the next (with --reuse-engines all stay loaded)",
+    )
+    p.add_argument("--json", help="every run, the medians and the machine, rewritten after each run")
     p.add_argument("--quick", action="store_true", help="tiny random pair (tau 0.2), for a smoke test")
     p.add_argument("--device", default="cpu", help="torch device of both models (e.g. cuda:0: one GPU, a stream each)")
     p.add_argument("--dtype", default="auto", help="compute dtype (auto: float32 on CPU, the checkpoint's on GPU)")

@@ -125,6 +125,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default="auto",
         help="on CUDA with flashinfer: its prefill kernels (ModelSpec.prefill_backend)",
     )
+    p.add_argument(
+        "--cuda-graph-max-batch",
+        type=int,
+        default=None,
+        help="on CUDA: the engine's decode steps up to this size replay CUDA graphs (default: ModelSpec's)",
+    )
     args = p.parse_args(argv)
     if args.dtype is None:
         args.dtype = "float32" if torch.device(args.device).type == "cpu" else "bfloat16"

@@ -56,6 +56,7 @@ def engine_spec(args, model_path: Path) -> ModelSpec:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_num_seqs=max(args.max_num_seqs, max(args.concurrency)),
         prefill_backend=args.prefill_backend,
+        **({} if args.cuda_graph_max_batch is None else {"cuda_graph_max_batch": args.cuda_graph_max_batch}),
     )
 
 

@@ -342,6 +342,39 @@ def test_a_reused_engine_starts_every_run_cold(tiny_pair, tokenizer):
         assert first.metrics()["output_tokens"] == second.metrics()["output_tokens"]
 
 
+def test_order_levels_runs_every_system_at_a_level_first_and_checkpoints(tiny_pair, tokenizer, monkeypatch):
+    """The GPU kit's order: level-major, every system's engine loaded once, and a result after each run
+    (what a run killed midway leaves behind)."""
+    import tokenrouter.bench.harness as harness
+
+    opened = []
+    real_open = harness.open_engine
+
+    async def counting_open(cfg, system, kv):
+        opened.append(system)
+        return await real_open(cfg, system, kv)
+
+    monkeypatch.setattr(harness, "open_engine", counting_open)
+    cfg = tiny_config(
+        tiny_pair,
+        workloads=[workload("short", "tiny", max_tokens=2)],
+        concurrency=[2, 1],
+        requests=2,
+        systems=["routed", "large"],
+        reuse_engines=True,
+        order="levels",
+    )
+    seen = []
+    result = anyio.run(lambda: run_bench(cfg, tokenizer, checkpoint=lambda r: seen.append(r)))
+    assert [(r.concurrency, r.system) for r in result.runs] == [(2, "routed"), (2, "large"), (1, "routed"), (1, "large")]
+    assert opened == ["routed", "large"]
+    assert [len(r.runs) for r in seen] == [1, 2, 3, 4]
+    assert [(s.concurrency, s.system) for s in seen[1].summaries] == [(2, "routed"), (2, "large")]
+    assert result.settings["order"] == "levels"
+    with pytest.raises(ConfigError, match="order: 'rounds' or 'levels'"):
+        tiny_config(tiny_pair, order="columns").check()
+
+
 def test_model_options_reach_every_system_that_loads_the_model(tiny_pair):
     from tokenrouter.bench.engines import open_engine
 

@@ -6,7 +6,9 @@ prompts of earlier runs), a warm-up request, then one measured run (`closed_loop
 `reuse_engines=True` (what `--quick` does) loads each system's engine once a round for all its
 runs of the round instead, which saves minutes of loading on real models, and forgets its prefix
 cache before each run (`Engine.reset_prefix_cache()`), so every run starts as cold as on a fresh
-engine.
+engine. `order="levels"` runs every system at one level before the next level (the GPU kit's order:
+a run cut short keeps every baseline of the levels it finished); with `reuse_engines` every system's
+engine then stays loaded for the round. `checkpoint` gets the result so far after each run.
 
 The prompts of every level are built before any engine loads, and the KV budget sized from them,
 so every system gets the same work and the same memory; `results.py` gathers what the runs gave.
@@ -54,6 +56,14 @@ def _check_context(engine: Engine, cfg: BenchConfig, plan: dict[tuple[str, int],
             )
 
 
+async def _close(engines: dict[str, Engine]) -> None:
+    """Close every open engine and give its memory back."""
+    if engines:
+        for system in list(engines):
+            await engines.pop(system).close()
+        release_memory()
+
+
 def _sec(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f} s"
 
@@ -70,7 +80,12 @@ def _line(run: Run, models: list[str]) -> str:
 
 
 async def run_bench(
-    cfg: BenchConfig, tokenizer, *, command: str = "", progress: Callable[[str], None] | None = None
+    cfg: BenchConfig,
+    tokenizer,
+    *,
+    command: str = "",
+    progress: Callable[[str], None] | None = None,
+    checkpoint: Callable[[BenchResult], None] | None = None,
 ) -> BenchResult:
     """Run the whole benchmark. `tokenizer` is the entry model's: workloads are sized with it."""
     cfg.check()
@@ -85,9 +100,22 @@ async def run_bench(
     # Repeats are interleaved: each round runs every system once (over every workload and level),
     # so a drift of the machine hits one repeat of each system rather than every repeat of one.
     # With reuse_engines a system's engine serves all its runs of a round.
-    jobs = [
-        (w, c, s, r) for r in range(cfg.repeats) for s in cfg.systems for w in cfg.workloads for c in cfg.concurrency
-    ]
+    if cfg.order == "levels":
+        jobs = [
+            (w, c, s, r)
+            for r in range(cfg.repeats)
+            for w in cfg.workloads
+            for c in cfg.concurrency
+            for s in cfg.systems
+        ]
+    else:
+        jobs = [
+            (w, c, s, r)
+            for r in range(cfg.repeats)
+            for s in cfg.systems
+            for w in cfg.workloads
+            for c in cfg.concurrency
+        ]
     models = ", ".join(f"{m}={Path(p).name}" for m, p in cfg.models.items())
     say(
         f"bench: {len(jobs)} runs: {', '.join(w.name for w in cfg.workloads)} x C {' '.join(map(str, cfg.concurrency))}"
@@ -95,22 +123,27 @@ async def run_bench(
     )
     runs: list[Run] = []
     profiles: dict[str, dict] = {}
-    engine: Engine | None = None
-    engine_system = None
+    engines: dict[str, Engine] = {}  # open engines by system: one, or with order "levels" and reuse, all
+    keep_all = cfg.reuse_engines and cfg.order == "levels"
     checked = False
+
+    def result() -> BenchResult:
+        return collect(cfg, plan, list(runs), kv_cache_tokens=kv, profiles=profiles, command=command, started=t_start)
+
     try:
         for i, (w, c, system, repeat) in enumerate(jobs):
-            if engine is not None and not (cfg.reuse_engines and engine_system == system):
-                await engine.close()
-                engine = None
-                release_memory()
-            if engine is None:
-                engine, engine_system = await open_engine(cfg, system, kv), system
+            # a fresh engine for every run, or (reuse_engines) one per system, kept while it serves
+            if (system not in engines and not keep_all) or (system in engines and not cfg.reuse_engines):
+                await _close(engines)
+            if system not in engines:
+                engines[system] = await open_engine(cfg, system, kv)
+                engine = engines[system]
                 if engine.profiles:  # k="auto" or delayed_batching="auto" planned with these
                     profiles.setdefault(system, {m: p.to_json() for m, p in engine.profiles.items()})
                 if not checked:
                     _check_context(engine, cfg, plan)
                     checked = True
+            engine = engines[system]
             if cfg.reuse_engines:
                 await engine.reset_prefix_cache()  # cold, as a fresh engine would be
             run = await measure(
@@ -118,13 +151,13 @@ async def run_bench(
             )
             runs.append(run)
             say(f"[{i + 1}/{len(jobs)}] {_line(run, list(cfg.models))}")
+            if checkpoint is not None:
+                checkpoint(result())
             failed = next((t for t in run.turns if t.error is not None), None)
             if failed is not None:
                 raise BenchError(
                     f"{w.name} C={c} {system}: session {failed.session} turn {failed.turn} failed: {failed.error}"
                 )
     finally:
-        if engine is not None:
-            await engine.close()
-            release_memory()
-    return collect(cfg, plan, runs, kv_cache_tokens=kv, profiles=profiles, command=command, started=t_start)
+        await _close(engines)
+    return result()

@@ -131,6 +131,7 @@ def collect(
         "threads_lockstep": cfg.threads_lockstep,
         "max_run_s": cfg.max_run_s,
         "reuse_engines": cfg.reuse_engines,
+        "order": cfg.order,
         "other_policies": {name: repr(p) for name, p in cfg.other_policies.items()},
         "seed": cfg.seed,
         "device": cfg.device,

@@ -39,6 +39,10 @@ class BenchConfig:
     threads_lockstep: int | None = None  # torch threads of lockstep's one stepping thread; None: every core
     max_run_s: float | None = None
     reuse_engines: bool = False
+    # "rounds": within a round, each system runs every level before the next system starts (a system's
+    # engine is loaded once); "levels": each level runs every system before the next level (with
+    # reuse_engines every system's engine stays loaded), so a run cut short loses levels, not baselines
+    order: str = "rounds"
     seed: int = 0
     device: str = "cpu"
     dtype: str = "auto"
@@ -72,6 +76,8 @@ class BenchConfig:
                 raise ConfigError(f"{name}: must be an integer >= 1, got {value!r}")
         if any(isinstance(c, bool) or not isinstance(c, int) or c < 1 for c in self.concurrency):
             raise ConfigError(f"concurrency: every level must be an integer >= 1, got {self.concurrency}")
+        if self.order not in ("rounds", "levels"):
+            raise ConfigError(f"order: 'rounds' or 'levels', got {self.order!r}")
         if self.max_run_s is not None and not 0 < self.max_run_s < float("inf"):
             raise ConfigError(f"max_run_s: must be a positive number of seconds, got {self.max_run_s!r}")
         for name, policy in {"policy": self.policy, **self.other_policies}.items():
