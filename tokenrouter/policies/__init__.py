@@ -19,6 +19,7 @@ from .routers import (
     save_router,
 )
 from .rstitch import RStitch
+from .scripted import ScriptedRouter
 from .single import Single
 from .speculative import Speculative
 
@@ -26,3 +27,4 @@ __all__ = ["BiLD", "CITER", "CoLLM", "Escalation", "R2R", "ENTROPY", "HIDDEN", "
 __all__ += ["Route", "STEP_FIELDS", "Single", "Speculative", "StepResult", "TOKEN_EMBEDDING", "VERIFY", "Verdict"]
 __all__ += ["VerifyResult", "normalized_entropy", "ModelIdentity", "R2R_TOP_K", "RouterConfig", "RouterNet"]
 __all__ += ["load_router", "model_identity", "read_saved", "save_router", "HISTORY", "PromptLookup"]
+__all__ += ["ScriptedRouter"]
