@@ -44,7 +44,7 @@ import torch
 
 from tokenrouter.bench import SYSTEMS, BenchConfig, Session, Sizes, WorkloadSpec, markdown, run_bench
 from tokenrouter.bench.report import write_json
-from tokenrouter.policies import RStitch
+from tokenrouter.policies import RStitch, ScriptedRouter
 
 TASKS = [
     "Write a Python function that checks whether a number is prime.",
@@ -110,7 +110,7 @@ def main(args) -> None:
     paths = model_paths(args)
     cfg = BenchConfig(
         models=paths,
-        policy=RStitch(tau=args.tau, small="small", large="large"),
+        policy=ScriptedRouter.demo_pair() if args.router == "scripted" else RStitch(tau=args.tau),
         workloads=[tasks_workload(args.max_tokens)],
         systems=args.systems,
         concurrency=args.concurrency,
@@ -149,6 +149,13 @@ if __name__ == "__main__":
     p.add_argument("--small")
     p.add_argument("--large")
     p.add_argument("--tau", type=float, default=0.03)
+    p.add_argument(
+        "--router",
+        choices=["rstitch", "scripted"],
+        default="rstitch",
+        help="scripted: ScriptedRouter.demo_pair(), the demo pair's measured RStitch regime whatever the weights "
+        "(for random weights, where entropy routing is arbitrary); --tau is then unused",
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--systems", nargs="+", default=list(SYSTEMS), choices=list(SYSTEMS))
     p.add_argument("--max-tokens", type=int, default=24, help="tokens every request writes (EOS ignored)")
