@@ -1,28 +1,33 @@
 #!/usr/bin/env python
-"""The GPU benchmark: the single-model and routed comparisons on one GPU with two models, ~10 min.
+"""The GPU benchmark: the single-model and routed comparisons on one GPU with two models.
 
-Runs, one after the other, each in a fresh process (a fresh CUDA context):
+Runs, one after the other, each in a fresh process (a fresh CUDA context), the steps asked for:
 
-  1. bench_single.py on the large model: this engine (flashinfer, CUDA graphs) against Hugging
-     Face `generate` and transformers' continuous batching, C = 1 and 16.
-  2. bench_routing.py on the pair, both models on the same GPU, each worker on its own CUDA
-     stream: RStitch through this engine against standard serving (with and without prefix
-     caching) and lockstep, C = 1, 4 and 16.
-  3. The engine alone with CUDA graphs off (`cuda_graph_max_batch=0`), C = 16, for the graphs' share.
+  decode  bench_decode_step.py: one decode step of each model at B = 1, 16 and 64 (CUDA-graph replay,
+          eager flashinfer, transformers' forward with SDPA) against the memory floor.
+  routed  bench_routing.py on the pair, both models on the same GPU, each worker on its own CUDA
+          stream: routing through this engine against standard serving (with and without prefix
+          caching) and lockstep, C = 1, 4 and 16.
+  single  bench_single.py on the large model: this engine (flashinfer, CUDA graphs) against Hugging
+          Face `generate` and transformers' continuous batching, C = 1 and 16.
+  eager   the routed engine with CUDA graphs off (`cuda_graph_max_batch=0`), C = 16: the graphs' share.
+  fa3     the routed engine at C = 16 with prefill on FA3 (the other steps keep what --prefill-backend says).
 
     python benchmarks/bench_gpu.py                                  # demo pair from the store
     python benchmarks/bench_gpu.py --small DIR --large DIR
     python benchmarks/bench_gpu.py --random-weights                 # no weights at hand: the demo
-        # pair's shapes and tokenizer with random weights (speed only; routing is then arbitrary)
+        # pair's shapes and tokenizer with random weights (speed only; the routed system then runs
+        # ScriptedRouter at the real pair's measured large-model share and hand-off rate)
     python benchmarks/bench_gpu.py --random-weights --quick         # the GPU kit's reduced form (below)
 
---quick is what scripts/gpu_check.sh runs (docs/gpu.md): C = 1, 16 and 64, 64 tokens per request, one
-repeat; the single-model step against HF `generate` only; the routed step against lockstep and standard
-serving with prefix caching, plus the large model alone (bench_routing.py's system `large`), each system's
-engine loaded once (--reuse-engines). --steps runs some steps only, --step-timeout caps each, --prepare
-only writes the random-weight pair (the kit does that while flashinfer's kernels compile), --tiny makes
-that pair tiny (a CPU smoke of the same commands). --prefill-backend fa2 keeps every engine's prefill on
-flashinfer's FA2 kernels (ModelSpec.prefill_backend; the kit passes it when FA3 did not build).
+--quick is what the GPU kit runs (docs/gpu.md), one step per call: levels C = 16, 64 and 1 in that order,
+64 tokens per request, one repeat, decode steps up to 64 rows on CUDA graphs; the single-model step against
+HF `generate` only; the routed step with every system at one level before the next (routed, standard
+serving with prefix caching, lockstep, the large model alone; --order levels, every engine loaded once), its
+JSON rewritten after each run, so a cut loses the last level, not the baselines. --steps runs some steps
+only, --step-timeout caps each, --prepare only writes the random-weight pair (the kit does that while it
+checks the GPU), --tiny makes that pair tiny (a CPU smoke of the same commands). --prefill-backend fa2
+keeps every engine's prefill on flashinfer's FA2 kernels (ModelSpec.prefill_backend).
 
 Every table goes to stdout and, with the commands, to --out (default bench_out/gpu/).
 """
@@ -85,7 +90,7 @@ def random_pair(root: Path, tokenizer_dir: Path | None, tiny: bool = False) -> d
     return {name: str(p) for name, p in paths.items()}
 
 
-STEPS = ("single", "routed", "eager")
+STEPS = ("decode", "routed", "single", "eager", "fa3")
 
 
 def demo_pair() -> dict[str, str]:
@@ -149,6 +154,9 @@ def main() -> int:
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a tokenizer directory")
     p.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes (a CPU smoke)")
+    p.add_argument(
+        "--pair-dir", type=Path, default=None, help="with --random-weights: where the pair is (default OUT/random-pair)"
+    )
     p.add_argument("--prepare", action="store_true", help="only write the random-weight pair, then exit")
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
@@ -159,6 +167,13 @@ def main() -> int:
         help="flashinfer's prefill kernels in every engine (ModelSpec.prefill_backend): fa2 where FA3 did not build",
     )
     p.add_argument("--tau", type=float, default=0.03)
+    p.add_argument(
+        "--router",
+        choices=["rstitch", "scripted"],
+        default=None,
+        help="the routed system's policy: RStitch(tau), or ScriptedRouter at the demo pair's measured share and "
+        "hand-off rate (the default with --random-weights, whose entropy is arbitrary)",
+    )
     p.add_argument("--max-tokens", type=int, default=None, help="tokens per request (default 128; --quick 64)")
     p.add_argument("--repeats", type=int, default=None, help="measured runs per level (default 2; --quick 1)")
     p.add_argument(
@@ -166,8 +181,15 @@ def main() -> int:
         type=int,
         nargs="+",
         default=None,
-        help="levels of the single and routed steps (default: 1 16 and 1 4 16)",
+        help="levels of the single and routed steps (default: 1 16 and 1 4 16; --quick 16 64 1)",
     )
+    p.add_argument(
+        "--cuda-graph-max-batch",
+        type=int,
+        default=None,
+        help="decode steps up to this size replay CUDA graphs in the routed and single steps (--quick: 64)",
+    )
+    p.add_argument("--batch", type=int, nargs="+", default=[1, 16, 64], help="the decode step's batch sizes")
     p.add_argument("--single-systems", nargs="+", default=None, help="bench_single.py --systems (default: all)")
     p.add_argument("--routed-systems", nargs="+", default=None, help="bench_routing.py --systems (default: all)")
     p.add_argument("--eager-concurrency", type=int, default=16, help="the level of the step without CUDA graphs")
@@ -177,15 +199,17 @@ def main() -> int:
     p.add_argument("--out", type=Path, default=Path("bench_out/gpu"))
     args = p.parse_args()
     if args.quick:
-        args.concurrency = args.concurrency or [1, 16, 64]
+        args.concurrency = args.concurrency or [16, 64, 1]
         args.max_tokens, args.repeats = args.max_tokens or 64, args.repeats or 1
         args.single_systems = args.single_systems or ["engine", "hf_generate"]
-        args.routed_systems = args.routed_systems or ["routed", "lockstep", "standard+pc", "large"]
+        args.routed_systems = args.routed_systems or ["routed", "standard+pc", "lockstep", "large"]
+        if args.cuda_graph_max_batch is None:
+            args.cuda_graph_max_batch = max(64, *args.concurrency)
     args.max_tokens, args.repeats = args.max_tokens or 128, args.repeats or 2
     args.out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     if args.random_weights:
-        models = random_pair(args.out / "random-pair", args.tokenizer, args.tiny)
+        models = random_pair(args.pair_dir or args.out / "random-pair", args.tokenizer, args.tiny)
     elif args.small and args.large:
         models = {"small": args.small, "large": args.large}
     else:
@@ -209,6 +233,7 @@ def main() -> int:
         "--prefill-backend",
         args.prefill_backend,
     ]
+    graphs = [] if args.cuda_graph_max_batch is None else ["--cuda-graph-max-batch", str(args.cuda_graph_max_batch)]
     routing = [
         py,
         str(HERE / "bench_routing.py"),
@@ -218,11 +243,32 @@ def main() -> int:
         models["large"],
         "--tau",
         str(args.tau),
+        "--router",
+        args.router or ("scripted" if args.random_weights else "rstitch"),
         *common,
     ]
+    routing_fa3 = [*routing[: routing.index("--prefill-backend")], "--prefill-backend", "fa3"]
     single_c = [str(c) for c in (args.concurrency or [1, 16])]
     routed_c = [str(c) for c in (args.concurrency or [1, 4, 16])]
     steps = {
+        "decode": [
+            py,
+            str(HERE / "bench_decode_step.py"),
+            "--small",
+            models["small"],
+            "--large",
+            models["large"],
+            "--device",
+            args.device,
+            "--dtype",
+            args.dtype,
+            "--prefill-backend",
+            args.prefill_backend,
+            "--batch",
+            *[str(b) for b in args.batch],
+            "--out",
+            str(args.out),
+        ],
         "single": [
             py,
             str(HERE / "bench_single.py"),
@@ -232,6 +278,7 @@ def main() -> int:
             "--concurrency",
             *single_c,
             *(["--systems", *args.single_systems] if args.single_systems else []),
+            *graphs,
             "--json",
             str(args.out / "single.json"),
         ],
@@ -240,9 +287,20 @@ def main() -> int:
             "--concurrency",
             *routed_c,
             *(["--systems", *args.routed_systems] if args.routed_systems else []),
-            *(["--reuse-engines"] if args.quick else []),
+            *(["--reuse-engines", "--order", "levels"] if args.quick else []),
+            *graphs,
             "--json",
             str(args.out / "routed.json"),
+        ],
+        "fa3": [
+            *routing_fa3,
+            "--systems",
+            "routed",
+            "--concurrency",
+            str(args.eager_concurrency),
+            *graphs,
+            "--json",
+            str(args.out / "routed-fa3.json"),
         ],
         "eager": [
             *routing,

@@ -12,7 +12,9 @@
 #    tree, only the CUDA sources our kernels' JIT reaches, a fresh RECORD;
 # 4. packs the demo pair's tokenizer from the store into .whl/tokenizer.tar.xz when the store has it
 #    (bench_gpu.py --random-weights then runs the real vocabulary; without it, a small one);
-# 5. checks the set (RECORDs, pins, and that scripts/gpu_wheels_requires.txt, which the offline completeness
+# 5. copies the prebuilt flashinfer modules into .whl/ where `python -m scripts.gpu_kit aot` cached a build for this
+#    wheel (else run that once, ~30 min);
+# 6. checks the set (RECORDs, pins, and that scripts/gpu_wheels_requires.txt, which the offline completeness
 #    test reads, records each wheel's Requires-Dist: `python -m scripts.gpu_kit record-requires .whl` rewrites
 #    it after a pin changes) and prints each wheel's size and the size of what travels.
 set -euo pipefail
@@ -53,6 +55,9 @@ else
     echo "== no demo pair in the store ($STORE): bench_gpu.py will use a small tokenizer" \
          "(run 'tokenrouter pull qwen-coder-0.5b' first for the real vocabulary)"
 fi
+
+echo "== the prebuilt flashinfer modules (gpu_kit aot), if a build for this wheel is cached"
+"$PY" -m scripts.gpu_kit aot --cached-only
 
 echo "== checking the set"
 "$PY" -m scripts.gpu_kit verify-wheels .whl

@@ -23,12 +23,20 @@ docs/gpu.md says how the pieces fit. scripts/gpu_wheels.sh and scripts/gpu_check
   max-jobs               how many nvcc jobs the JIT may run at once: the cores, fewer if memory is short
   preflight              (GPU) a pinned allocation, a one-kernel CUDA graph captured and replayed on a side
                          stream, and `import flashinfer`; exit 0 all well, 1 a CUDA part failed, 2 flashinfer
-  warm --part fa2|fa3    (GPU) build one part of our flashinfer kernels in one parallel ninja run, then load it:
-                         fa2 the page append and FA2 (decode, short prefill), fa3 FA3 (prefill rows over 64)
+  warm --part fa2|fa3    (GPU) load one part of our flashinfer kernels, from the AOT set where it loads, else
+                         JIT-built in one parallel ninja run: fa2 the page append and FA2 (decode, short
+                         prefill), fa3 FA3 (prefill rows over 64); reports each module's source
   jit-report             (GPU) the flashinfer modules built so far, and any the warm-up did not foresee
-  summary                (GPU) the summary JSON: stages, their times, the attention backend, the results
+  aot                    build our flashinfer modules for sm_90a here (nvcc 13.0, ~2,000 CPU-s, cached per
+                         pin) and pack them into .whl/flashinfer-aot.tar.xz with a manifest, then check-aot
+  check-aot              the packed modules: NEEDED libraries, GLIBC/GLIBCXX versions, tvm-ffi exports and
+                         names against what the engine asks for
+  device-run             (GPU) the device run itself (gpu_check.sh without --dry-run): every stage in order,
+                         each stage's JSON to $OUT as it ends, summary.json rewritten at every start and end
+  unpack-aot             (GPU) the carried AOT modules into an installed flashinfer (the install stage)
+  table OUT              the compact table of a device run's results, from what came back
 
-Each command's module imports only the standard library at its top: check-env and summary run before
+Each command's module imports only the standard library at its top: check-env and device-run run before
 anything is installed.
 """
 
@@ -36,7 +44,9 @@ from __future__ import annotations
 
 import argparse
 
+from .aot import cmd_aot, cmd_aot_build, cmd_check_aot
 from .completeness import cmd_complete
+from .device_run import cmd_device_run, cmd_unpack_aot
 from .env_check import cmd_check_env
 from .jit_report import cmd_jit_report
 from .lists import REQUIRES, ROOT, cmd_record_requires
@@ -44,7 +54,7 @@ from .nvcc_jobs import cmd_max_jobs
 from .preflight import cmd_preflight
 from .probe import cmd_probe
 from .resolver_check import cmd_resolve
-from .summary import cmd_summary
+from .run_table import cmd_table
 from .travel_size import cmd_travel_size
 from .trim import cmd_trim
 from .trimmed_check import cmd_check_trimmed
@@ -88,6 +98,27 @@ def main(argv: list[str] | None = None) -> int:
         ("--host-site",),
         ("--cuda-home", {"help": "a CUDA toolkit (nvcc 13.0 and its headers): also preprocess with nvcc -E"}),
     )
+    command(
+        "aot",
+        cmd_aot,
+        "build our flashinfer modules for sm_90a and pack them into .whl/",
+        ("--wheels", {"default": str(ROOT / ".whl")}),
+        ("--host-site", {"default": str(ROOT / ".whl-host" / "site")}),
+        ("--cuda", {"default": "/usr/local/cuda", "help": "a CUDA 13.0 toolkit (nvcc, headers, libcudart)"}),
+        ("--jobs", {"type": int, "default": None, "help": "nvcc jobs at once (default: the cores)"}),
+        ("--rebuild", {"action": "store_true", "help": "ignore the cached build"}),
+        ("--cached-only", {"action": "store_true", "help": "copy a cached build if there is one, build nothing"}),
+    )
+    command("aot-build", cmd_aot_build, "(internal) build the AOT modules into OUT", ("out",))
+    command(
+        "check-aot",
+        cmd_check_aot,
+        "the packed AOT modules against the engine's names and the GPU machine",
+        ("--wheels", {"default": str(ROOT / ".whl")}),
+        ("--site", {"default": None, "help": "an installed (trimmed) flashinfer: check the module names too"}),
+        ("--host-site", {"default": None, "help": "tvm-ffi for this interpreter: load each module here too"}),
+        ("--cuda", {"default": "/usr/local/cuda", "help": "a CUDA 13 toolkit whose lib64 has libcudart.so.13"}),
+    )
     command("verify-wheels", cmd_verify_wheels, "RECORDs, one version each, the pins", ("dir",))
     command("resolve", cmd_resolve, "pip's resolver, offline, against stand-ins for the machine's packages", ("dir",))
     command(
@@ -103,7 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     command("complete", cmd_complete, "every requirement met by the machine's packages or the kit's pins (offline)")
     command("record-requires", cmd_record_requires, f"rewrite {REQUIRES.name} from the wheels in DIR", ("dir",))
-    command("max-jobs", cmd_max_jobs, "nvcc jobs the JIT may run at once", ("--cores", {"type": int, "default": None}))
+    command(
+        "max-jobs",
+        cmd_max_jobs,
+        "nvcc jobs the JIT may run at once",
+        ("--cores", {"type": int, "default": None}),
+        ("--part", {"choices": ["fa2", "fa3"], "default": "fa3", "help": "fa2: 0.5 GiB a job, fa3: 4 GiB"}),
+    )
     command(
         "preflight", cmd_preflight, "(GPU) pinned memory, a CUDA graph on a side stream, import flashinfer", ("--json",)
     )
@@ -122,17 +159,15 @@ def main(argv: list[str] | None = None) -> int:
         ("--prefill-backend", {"default": "auto"}),
         ("--json",),
     )
+    command("device-run", cmd_device_run, "(GPU) the device run", ("--out", {"default": None, "help": "default $OUT"}))
     command(
-        "summary",
-        cmd_summary,
-        "(GPU) summary.json and the stage times",
-        ("--out", {"required": True}),
-        ("--stages", {"required": True}),
-        ("--attention", {"required": True}),
-        ("--prefill-backend", {"default": "auto", "help": "auto, or fa2 where FA3 failed to build"}),
-        ("--fallback", {"action": "append", "default": [], "help": "a stage that degraded the run, and how"}),
-        ("--include", {"nargs": "*", "default": [], "help": "KEY=FILE: a JSON file to include under KEY"}),
-        ("--wall", {"type": float, "default": None, "help": "the whole run's seconds (stages may overlap)"}),
+        "unpack-aot",
+        cmd_unpack_aot,
+        "(GPU) unpack the AOT modules into SITE/flashinfer/data/aot",
+        ("--wheels", {"default": str(ROOT / ".whl")}),
+        ("--site", {"required": True}),
+        ("--json",),
     )
+    command("table", cmd_table, "the compact table of a device run", ("out",))
     args = p.parse_args(argv)
     return args.fn(args)

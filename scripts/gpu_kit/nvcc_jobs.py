@@ -9,6 +9,7 @@ from pathlib import Path
 # head_dim 128): an FA3 kernel instantiation 3.5 GiB, FA3's batch_prefill_sm90.cu 1.7 GiB, an FA2 kernel
 # 0.46 GiB. `max-jobs` allows 4 GiB a job and keeps MEM_RESERVE free for the random-weight pair written beside.
 NVCC_JOB_BYTES = 4 << 30
+FA2_JOB_BYTES = 1 << 29  # the JIT fallback builds FA2 only (FA3 travels prebuilt or is left out): 0.5 GiB a job
 MEM_RESERVE = 16 << 30
 
 
@@ -32,5 +33,5 @@ def mem_available(meminfo: Path = Path("/proc/meminfo")) -> int | None:
 
 def cmd_max_jobs(args) -> int:
     cores = args.cores or os.cpu_count() or 1
-    print(max_jobs(cores, mem_available()))
+    print(max_jobs(cores, mem_available(), FA2_JOB_BYTES if args.part == "fa2" else NVCC_JOB_BYTES))
     return 0

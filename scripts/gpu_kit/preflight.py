@@ -74,8 +74,49 @@ def preflight() -> tuple[int, dict]:
     part("pinned", pinned)
     part("graph", graph)
     part("flashinfer", flashinfer)
+    part("toolkit", toolkit)
     rc = 2 if not report["flashinfer"]["ok"] else 0 if report["pinned"]["ok"] and report["graph"]["ok"] else 1
     return rc, report
+
+
+def toolkit() -> dict:
+    """What a JIT build would need, should an AOT module fail to load: the CUDA home flashinfer would pick,
+    nvcc's version, cuRAND's header (FA3 includes it), a one-second link with `-lcuda` as the JIT links, and
+    the cores and memory that size its nvcc jobs. Raises where the link fails."""
+    import glob
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    from .nvcc_jobs import FA2_JOB_BYTES, max_jobs, mem_available
+
+    nvcc = shutil.which("nvcc")
+    home = os.environ.get("CUDA_HOME") or os.environ.get("CUDA_PATH")
+    home = home or (os.path.dirname(os.path.dirname(nvcc)) if nvcc else "/usr/local/cuda")
+    version = subprocess.run([f"{home}/bin/nvcc", "--version"], capture_output=True, text=True, timeout=20).stdout
+    curand = [f"{home}/include/curand_kernel.h"] + glob.glob(
+        f"{sys.prefix}/lib/python3*/site-packages/nvidia/*/include/curand_kernel.h"
+    )
+    mem = mem_available()
+    out = {
+        "cuda_home": home,
+        "nvcc": version.strip().splitlines()[-1] if version else None,
+        "curand_kernel_h": [c for c in curand if os.path.isfile(c)],
+        "cores": os.cpu_count(),
+        "mem_available_gib": round(mem / 2**30, 1) if mem else None,
+        "jit_jobs_fa2": max_jobs(os.cpu_count() or 1, mem, FA2_JOB_BYTES),
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        src = os.path.join(tmp, "empty.c")
+        open(src, "w").write("int tokenrouter_link_test(void) { return 0; }\n")
+        link = ["c++", "-shared", "-fPIC", src, f"-L{home}/lib64", f"-L{home}/lib64/stubs", "-lcudart", "-lcuda"]
+        proc = subprocess.run([*link, "-o", os.path.join(tmp, "t.so")], capture_output=True, text=True, timeout=30)
+        out["link_cuda"] = proc.returncode == 0
+        if proc.returncode != 0:
+            raise RuntimeError(f"linking with -lcuda as the JIT does failed: {proc.stderr[-500:]} ({out})")
+    return out
 
 
 def cmd_preflight(args) -> int:

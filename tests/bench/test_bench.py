@@ -366,7 +366,12 @@ def test_order_levels_runs_every_system_at_a_level_first_and_checkpoints(tiny_pa
     )
     seen = []
     result = anyio.run(lambda: run_bench(cfg, tokenizer, checkpoint=lambda r: seen.append(r)))
-    assert [(r.concurrency, r.system) for r in result.runs] == [(2, "routed"), (2, "large"), (1, "routed"), (1, "large")]
+    assert [(r.concurrency, r.system) for r in result.runs] == [
+        (2, "routed"),
+        (2, "large"),
+        (1, "routed"),
+        (1, "large"),
+    ]
     assert opened == ["routed", "large"]
     assert [len(r.runs) for r in seen] == [1, 2, 3, 4]
     assert [(s.concurrency, s.system) for s in seen[1].summaries] == [(2, "routed"), (2, "large")]
