@@ -122,7 +122,7 @@ class DeviceRun:
         pre = self.out / "preflight.json"
         if pre.is_file():
             r = json.loads(pre.read_text()).get("result") or {}
-            return (r.get("pinned") or {}).get("device")
+            return (r.get("pinned") or {}).get("device") or (r.get("toolkit") or {}).get("gpu")
         return None
 
     def record(self, name: str, cap: float, started: float, rc: int | None, note: str = "", **extra) -> dict:
@@ -136,6 +136,7 @@ class DeviceRun:
             "wall_s": round(self.clock.now() - started, 1),
             "attention_backend": self.attention,
             "prefill_backend": self.prefill if self.attention == "flashinfer" else None,
+            "device": self.device(),  # what the pre-flight read (None before it, or where it failed)
             "note": note,
             **extra,
         }

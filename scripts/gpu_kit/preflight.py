@@ -99,8 +99,11 @@ def toolkit() -> dict:
     curand = [f"{home}/include/curand_kernel.h"] + glob.glob(
         f"{sys.prefix}/lib/python3*/site-packages/nvidia/*/include/curand_kernel.h"
     )
+    import torch
+
     mem = mem_available()
     out = {
+        "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
         "cuda_home": home,
         "nvcc": version.strip().splitlines()[-1] if version else None,
         "curand_kernel_h": [c for c in curand if os.path.isfile(c)],
