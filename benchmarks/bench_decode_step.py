@@ -53,7 +53,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import torch
-from bench_gpu import demo_pair, random_pair
+from bench_gpu import demo_pair, pair_arguments, random_pair
 
 from tokenrouter import ModelSpec, SamplingParams
 from tokenrouter.bench import machine_info
@@ -358,11 +358,7 @@ def table(res: Results) -> str:
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--small")
-    p.add_argument("--large")
-    p.add_argument("--random-weights", action="store_true")
-    p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a tokenizer directory")
-    p.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes (a CPU smoke)")
+    pair_arguments(p)
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--dtype", default="bfloat16", choices=list(DTYPES))
     p.add_argument(

@@ -147,13 +147,18 @@ def run(cmd: list[str], log: Path, timeout: float | None = None) -> tuple[int, f
     return rc, time.perf_counter() - t0
 
 
-def main() -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def pair_arguments(p: argparse.ArgumentParser) -> None:
+    """The pair's options, shared with bench_decode_step.py: paths, or the demo pair's shapes at random."""
     p.add_argument("--small")
     p.add_argument("--large")
     p.add_argument("--random-weights", action="store_true")
     p.add_argument("--tokenizer", type=Path, default=None, help="with --random-weights: a tokenizer directory")
     p.add_argument("--tiny", action="store_true", help="with --random-weights: tiny shapes (a CPU smoke)")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pair_arguments(p)
     p.add_argument(
         "--pair-dir", type=Path, default=None, help="with --random-weights: where the pair is (default OUT/random-pair)"
     )

@@ -100,22 +100,12 @@ async def run_bench(
     # Repeats are interleaved: each round runs every system once (over every workload and level),
     # so a drift of the machine hits one repeat of each system rather than every repeat of one.
     # With reuse_engines a system's engine serves all its runs of a round.
-    if cfg.order == "levels":
-        jobs = [
-            (w, c, s, r)
-            for r in range(cfg.repeats)
-            for w in cfg.workloads
-            for c in cfg.concurrency
-            for s in cfg.systems
-        ]
-    else:
-        jobs = [
-            (w, c, s, r)
-            for r in range(cfg.repeats)
-            for s in cfg.systems
-            for w in cfg.workloads
-            for c in cfg.concurrency
-        ]
+    jobs = [
+        (w, c, s, r) for r in range(cfg.repeats) for s in cfg.systems for w in cfg.workloads for c in cfg.concurrency
+    ]
+    if cfg.order == "levels":  # the same runs, every system at one level before the next (a stable sort)
+        level = {(w.name, c): i for i, (w, c) in enumerate((w, c) for w in cfg.workloads for c in cfg.concurrency)}
+        jobs.sort(key=lambda job: (job[3], level[(job[0].name, job[1])]))
     models = ", ".join(f"{m}={Path(p).name}" for m, p in cfg.models.items())
     say(
         f"bench: {len(jobs)} runs: {', '.join(w.name for w in cfg.workloads)} x C {' '.join(map(str, cfg.concurrency))}"
