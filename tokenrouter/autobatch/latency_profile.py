@@ -4,9 +4,14 @@
 dummy requests whose KV blocks come from (and go back to) the core's pool, b decode rows of
 `context` cached tokens each, plus one catch-up row of c new tokens after `context` cached ones
 (a request back from a peer). It must run in the thread that steps the core, between steps
-(`WorkerThread.call`; `Engine.profile()` sends it). Each point is the median of a few
-timed runs of forward + reading the sampled tokens back (so a GPU step is waited for), taken
-round robin over the points.
+(`WorkerThread.call`; `Engine.profile()` sends it). Each point is the fastest of a few timed
+runs of forward + reading the sampled tokens back (so a GPU step is waited for), taken round
+robin over the points: other work on the machine only ever adds time, and on a CPU it adds a
+lot (two OpenMP pools on the same cores make a step 10-40x slower). A profile in which a
+smaller step costs more than a larger one (`disorder`) was measured while the machine was busy:
+it is measured again, never cached, and a cached one is measured anew (a cached profile of the
+demo 1.5B had a one-row step at 1.95 s and a two-row one at 0.046 s, and `Speculative(k="auto")`
+planned with it drafted at every load).
 
 The grid is a cross, L(b, 0) for every b and L(1, c) for every c, plus the corner (b_max, c_max).
 The throughput model reads it as `TableLatency`, seconds against the tokens in the step (b + c),
@@ -29,7 +34,6 @@ import itertools
 import json
 import logging
 import re
-import statistics
 import threading
 import time
 from dataclasses import dataclass
@@ -44,12 +48,16 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PROFILE_VERSION = 3  # 2: samples taken round robin over the points; 3: checks (b rows of t tokens)
+# 2: samples taken round robin over the points; 3: checks (b rows of t tokens); 4: the fastest sample,
+# and a disordered profile is neither kept nor cached
+PROFILE_VERSION = 4
 BATCH_SIZES = (1, 2, 4, 8, 16, 32)
 CATCH_UP_TOKENS = (0, 8, 32, 128)
 CHECK_BATCH_SIZES = (1, 4, 16)
 CHECK_TOKENS = (2, 3, 5, 9)  # k + 1 for k = 1, 2, 4, 8 drafts
 REPEATS = 3
+RETRIES = 2  # more rounds over every point where the profile came out disordered
+DISORDER_SLACK = 1.5  # a step may cost up to this much more than a larger one (noise), not more
 CONTEXT = 64  # cached tokens of every dummy sequence
 
 
@@ -57,7 +65,7 @@ CONTEXT = 64  # cached tokens of every dummy sequence
 class ProfilePoint:
     b: int  # rows: decode rows, or with t > 1 a check's rows
     c: int  # catch-up tokens (one extra row), 0 for none
-    latency_s: float  # median of samples
+    latency_s: float  # the fastest sample
     samples: tuple[float, ...] = ()
     t: int = 1  # new tokens in each of the b rows; > 1: a check, logits at every position
 
@@ -74,6 +82,12 @@ class LatencyProfile:
     source: str = "measured"  # "measured" now, or "cache" (read from disk)
     measured_in_thread: str | None = None  # not stored: the thread that ran the forwards
     path: Path | None = None  # where it is cached
+
+    @property
+    def disorder(self) -> list[str]:
+        """Pairs of points where the smaller step (no more rows, catch-up or new tokens each) costs
+        over DISORDER_SLACK times the larger one: the mark of a machine busy while it was measured."""
+        return disorder(self.points)
 
     @property
     def step_points(self) -> list[ProfilePoint]:
@@ -123,6 +137,19 @@ class LatencyProfile:
             source="cache",
             path=path,
         )
+
+
+def disorder(points: list[ProfilePoint]) -> list[str]:
+    """See `LatencyProfile.disorder`."""
+    out = []
+    for p, q in itertools.permutations(points, 2):
+        smaller = p.b <= q.b and p.c <= q.c and p.t <= q.t
+        if smaller and p.latency_s > DISORDER_SLACK * q.latency_s:
+            out.append(
+                f"b={p.b} c={p.c} t={p.t} took {p.latency_s * 1e3:.1f} ms, b={q.b} c={q.c} t={q.t} "
+                f"{q.latency_s * 1e3:.1f} ms"
+            )
+    return out
 
 
 # ---- cache -------------------------------------------------------------------------------
@@ -180,7 +207,12 @@ def load_cached(info: dict, home: str | Path | None = None) -> LatencyProfile | 
     except (OSError, ValueError, KeyError, TypeError) as e:
         log.warning("ignoring unreadable latency profile %s: %s", path, e)
         return None
-    return prof if prof.info == info else None
+    if prof.info != info:
+        return None
+    if prof.disorder:
+        log.warning("measuring again: the cached latency profile %s is disordered (%s)", path, prof.disorder[0])
+        return None
+    return prof
 
 
 def save(profile: LatencyProfile, home: str | Path | None = None) -> Path:
@@ -280,10 +312,26 @@ def measure(
     # points, which the medians drop, instead of every sample of one point, which skews the
     # table's shape (a one-row step measured slower than a two-row one on the demo pair).
     samples: dict[tuple[int, int, int], list[float]] = {p: [] for p in points}
-    for _ in range(max(1, repeats)):
-        for point in points:
-            samples[point].append(run(*point))
-    measured = [ProfilePoint(b, c, statistics.median(v), tuple(v), t) for (b, c, t), v in samples.items()]
+
+    def rounds(n: int) -> list[ProfilePoint]:
+        for _ in range(n):
+            for point in points:
+                samples[point].append(run(*point))
+        return [ProfilePoint(b, c, min(v), tuple(v), t) for (b, c, t), v in samples.items()]
+
+    measured = rounds(max(1, repeats))
+    for _ in range(RETRIES):  # a busy machine: more samples, of which the fastest count
+        if not disorder(measured):
+            break
+        measured = rounds(max(1, repeats))
+    if disorder(measured):
+        log.warning(
+            "model %r: the latency profile stayed disordered after %d more rounds (%s): the machine is busy; "
+            "it is used now but not cached",
+            core.name,
+            RETRIES,
+            disorder(measured)[0],
+        )
     step_points = [p for p in measured if p.t == 1]
     return LatencyProfile(
         model=core.name,
