@@ -99,7 +99,7 @@ if [ "$DRY" = 1 ]; then
             { echo "$out" | tail -20; return 1; }
     }
     bench_stages_start() {  # the same bench_gpu.py --quick commands, on a tiny random pair on CPU
-        "$PY" benchmarks/bench_gpu.py --random-weights --tiny --quick --device cpu --dtype float32 \
+        "$PY" benchmarks/bench_gpu.py --random-weights --tiny --quick --device cpu --dtype float32 --batch 1 2 \
             --concurrency 1 --max-tokens 2 --step-timeout 300 --out "$TMP/bench" > "$TMP/bench.log" 2>&1
         local rc=$?
         grep "^# .*: exit" "$TMP/bench.log"
