@@ -46,6 +46,9 @@ NEEDS_MODELS = {"decode", "routed", "single", "eager", "fa3"}
 
 
 class DeviceRun:
+    """The run's state between stages: the budget and clock, the backends later stages get (torch's
+    after a flashinfer failure), each stage's record, the background jobs, and what $OUT says."""
+
     def __init__(self, out: Path, work: Path, budget: float, clock: Clock, sim: Simulation | None, log: Log):
         self.out, self.work, self.budget, self.clock, self.sim, self.say = out, work, budget, clock, sim, log
         self.py = os.environ.get("GPU_KIT_PYTHON", sys.executable)
@@ -94,16 +97,17 @@ class DeviceRun:
         not_reached = [
             s for s in order if s not in done and s not in self.jobs and s != (self.running or {}).get("stage")
         ]
-        not_reached += [j for j in self.jobs if j not in done]
+        background = [j for j in self.jobs if j not in done]  # started, not yet recorded
         cut = [r["stage"] for r in self.records if r["status"] in ("skipped: no time left", "timed out")]
         if not self.finished:
-            cut += ([self.running["stage"]] if self.running else []) + not_reached
+            cut += ([self.running["stage"]] if self.running else []) + background + not_reached
         summary = {
             "finished": self.finished,
             "elapsed_s": round(self.clock.now(), 1),
             "budget_s": self.budget,
             "running": self.running,
             "cut": cut,
+            "background": background,
             "not_reached": not_reached,
             "attention_backend": self.attention,
             "prefill_backend": self.prefill if self.attention == "flashinfer" else None,
