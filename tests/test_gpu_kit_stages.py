@@ -114,8 +114,8 @@ def _expected_timeline() -> list[tuple[str, float, float]]:
 
 
 _rng = random.Random(53)
-# the run's 360 s, the report's last 5 aside; and two fixed: in install, and while decode waits for the pair
-KILLS = [5.0, 45.0] + sorted(_rng.uniform(1, 355) for _ in range(8))
+# the run's 395 s, the report's last 5 aside; and two fixed: in install, and while decode waits for the pair
+KILLS = [5.0, 45.0] + sorted(_rng.uniform(1, 390) for _ in range(8))
 
 
 @pytest.mark.parametrize("kill_at", KILLS, ids=[f"{k:.0f}s" for k in KILLS])
