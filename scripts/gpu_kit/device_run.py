@@ -129,7 +129,11 @@ class DeviceRun:
             return (r.get("pinned") or {}).get("device") or (r.get("toolkit") or {}).get("gpu")
         return None
 
-    def record(self, name: str, cap: float, started: float, rc: int | None, note: str = "", **extra) -> dict:
+    def record(
+        self, name: str, cap: float, started: float, rc: int | None, note: str = "", ended: float | None = None, **extra
+    ) -> dict:
+        """A stage's record, to $OUT/<name>.json and the summary's list; `ended`: where not now (a background
+        job that ended before the run looked)."""
         status = "ok" if rc == 0 else "timed out" if rc in (124, 137) else note if rc is None else f"exit {rc}"
         rec = {
             "stage": name,
@@ -137,7 +141,7 @@ class DeviceRun:
             "rc": rc,
             "cap_s": round(cap),
             "started_s": round(started, 1),
-            "wall_s": round(self.clock.now() - started, 1),
+            "wall_s": round((self.clock.now() if ended is None else ended) - started, 1),
             "attention_backend": self.attention,
             "prefill_backend": self.prefill if self.attention == "flashinfer" else None,
             "device": self.device(),  # what the pre-flight read (None before it, or where it failed)
@@ -153,7 +157,7 @@ class DeviceRun:
         """Run one stage under min(cap, time left); -1 where it was skipped for lack of time."""
         cap, expected = STAGES[name]
         self.poll_jobs()
-        if name in NEEDS_MODELS and "models" in self.jobs and self.jobs["models"].note != "recorded":
+        if name in NEEDS_MODELS and "models" in self.jobs and not self.jobs["models"].recorded:
             self.running = {"stage": name, "started_s": round(self.clock.now(), 1), "waiting_for": "models"}
             self.write_summary()
             self.wait_job("models")
@@ -221,12 +225,12 @@ class DeviceRun:
 
     def poll_jobs(self) -> None:
         for job in self.jobs.values():
-            if job.note != "recorded" and job.done(self.clock.now()):
+            if not job.recorded and job.done(self.clock.now()):
                 self.finish_job(job)
 
     def wait_job(self, name: str) -> None:
         job = self.jobs.get(name)
-        if job is None or job.note == "recorded":
+        if job is None or job.recorded:
             return
         t0 = self.clock.now()
         if job.thread is None:
@@ -239,7 +243,7 @@ class DeviceRun:
         self.finish_job(job)
 
     def finish_job(self, job: Job) -> None:
-        job.note = "recorded"
+        job.recorded = True
         if job.thread is not None and job.thread.is_alive():
             rc, note = None, "not finished when the run needed it"
         else:
@@ -252,9 +256,7 @@ class DeviceRun:
         if log is not None and Path(log).is_file():
             extra["log_tail"] = Path(log).read_text()[-1500:]
         end = job.ended if job.ended is not None else min(self.clock.now(), job.started + job.expected)
-        rec = self.record(job.name, job.cap, job.started, rc, note, **extra)
-        rec["wall_s"] = round(end - job.started, 1)
-        (self.out / f"{job.name}.json").write_text(json.dumps(rec, indent=1) + "\n")
+        rec = self.record(job.name, job.cap, job.started, rc, note, ended=end, **extra)
         self.say(f"== {job.name} (background): {rec['status']} after {rec['wall_s']} s")
         if job.name == "tvm-ffi" and rc == 0:
             self.addon_ready = True
@@ -358,7 +360,7 @@ def plan(run: DeviceRun, wheels: Path, bench_extra: list[str]) -> None:
         for name in ("eager", "kernels-fa3", "fa3", "report"):
             run.skip(name, "torch backend")
     for name in list(run.jobs):
-        if run.jobs[name].note != "recorded":
+        if not run.jobs[name].recorded:
             run.wait_job(name) if run.jobs[name].thread is None else run.finish_job(run.jobs[name])
 
 

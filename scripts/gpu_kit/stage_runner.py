@@ -146,7 +146,7 @@ class Job:
     thread: threading.Thread | None = None
     rc: int | None = None
     ended: float | None = None
-    note: str = ""
+    recorded: bool = False  # its record is written (it ended, or the run needed it and went on)
     waited_s: float = 0.0
     extra: dict = field(default_factory=dict)
 
