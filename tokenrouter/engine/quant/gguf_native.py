@@ -98,12 +98,12 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
 
 def repack(lib: Library, kind: str, blocks: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
     """The fast path's layout of a tensor's GGUF blocks (uint8, [rows, bytes a row]): 16 rows
-    interleaved, a flat uint8 tensor."""
+    interleaved, a flat uint8 tensor, in huge pages where it spans one (native/huge_pages.py)."""
     n, k = shape
     size = lib.packed_bytes(TYPES[kind], n, k)
     if size <= 0:
         raise ValueError(f"the GGUF kernels cannot repack {kind} x {k}")
-    out = torch.empty(size, dtype=torch.uint8)
+    out = native.huge_pages.empty_bytes(size)
     blocks = blocks.contiguous()
     if lib.repack(TYPES[kind], blocks.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()) != 0:
         raise RuntimeError(f"tr_gguf_repack({kind}, {n}x{k}) failed")
