@@ -127,8 +127,9 @@ def test_greedy_lookup_writes_the_target_alone_s_tokens(copying_pair, tokenizer)
 
 
 def test_a_quoted_passage_is_drafted_by_lookup_not_the_draft_model(copying_pair, tokenizer):
-    """An answer that goes on with a passage of its prompt: after the draft model's first round,
-    lookup drafts the rest, every one accepted, and the draft model steps no more."""
+    """An answer that goes on with a passage of its prompt: the target writes first (a request
+    with lookup starts there), lookup drafts the rest, every one accepted, and the draft model
+    never steps: it never takes the prompt in."""
     large = copying_pair["large"]
     (prompt,) = _quoting_prompts(large, tokenizer, 1, seed=3)
     params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
@@ -136,7 +137,7 @@ def test_a_quoted_passage_is_drafted_by_lookup_not_the_draft_model(copying_pair,
     assert outs[0].token_ids == hf_greedy(large, prompt, 10)
     s = stats["large"]
     assert s.proposed_tokens == s.proposed_accepted >= 6
-    assert stats["small"].steps <= 3  # its first round (the prompt, two drafts), then none
+    assert stats["small"].steps == 0
 
 
 def test_without_a_repeat_the_draft_model_drafts(tiny_pair, tokenizer):

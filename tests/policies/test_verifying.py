@@ -540,6 +540,48 @@ def test_auto_draft_length_plans_with_the_measured_cost_of_a_check():
     assert checked.best(4) == table_only.best(4)
 
 
+def test_auto_drafts_where_the_draft_models_catch_up_pays():
+    """A draft model that has not taken a request's tokens in must catch up before it drafts: with
+    k="auto" the request goes to it only where drafting saves more over the tokens left than the
+    catch-up costs (a prompt's tokens on the draft model, from its latency profile)."""
+    from tokenrouter.policies import StepResult
+    from tokenrouter.policies.speculative import AutoDraftLength
+
+    def draft(n):
+        return 0.01 + 0.003 * n  # a decode step of 13 ms, each more token 3 ms (a prompt's)
+
+    def target(n):
+        return 0.04 * max(1.0, n / 16)  # memory-bound up to 16 tokens
+
+    auto = AutoDraftLength(8)
+    auto.use_profiles(draft, target)
+    k, speed = auto.plan(1)
+    assert k >= 2 and speed > 1.3
+    saving = 1 - 1 / speed  # target steps saved per token left
+    assert auto.catch_up_pays(2, 50, 1)  # the target's own token after a check: 6 ms
+    assert not auto.catch_up_pays(700, 128, 1)  # a 700-token prompt (2.1 s) for 128 tokens
+    assert auto.catch_up_pays(700, int(60 / saving), 1)  # ... pays where enough are left
+
+    spec = Speculative(k="auto")
+    spec.auto.use_profiles(draft, target)
+    spec.use_in_flight(lambda: 2)
+    prompt = list(range(700))
+    states = [{}, {"draft_seen": 700}, {}]  # never drafted; drafted up to the prompt's end; never
+    result = StepResult(
+        model="large",
+        model_index=1,
+        request_ids=["a", "b", "c"],
+        tokens=torch.zeros(3, dtype=torch.long),
+        logits=torch.zeros(3, 8),
+        num_generated=torch.tensor([0, 0, 0]),
+        states=states,
+        params=[SamplingParams(temperature=0, max_tokens=m) for m in (128, 128, 20_000)],
+        seeds=[0, 0, 0],
+        history=[prompt, prompt, prompt],
+    )
+    assert spec.route(result).next_model.tolist() == [1, 0, 0]  # a stays on the target: 128 left
+
+
 def test_auto_learns_the_acceptance_rate_per_judged_draft():
     """The cycle formula's a is the chance that a judged draft is accepted; drafts after the
     first rejection are never judged. Cycles of 4 drafts alternating "all 4 accepted" and "the

@@ -27,6 +27,13 @@ accepts it with probability p(x) and redraws a rejection from p without x. That 
 from p, as the target alone would, and accept where the draw is the proposal": done so, with the
 target's own seeded draw at each position, a seeded request writes the target alone's tokens
 through every lookup draft, accepted or not.
+
+A draft model that has not seen a request's latest tokens must take them in before it drafts (a
+catch-up step). With `k="auto"` a request goes to the draft model only where that pays: the
+catch-up's cost, from the draft's latency profile, against what drafting saves over the tokens
+the request has left to write. With lookup, requests start on the target, so a draft model that
+lookups leave idle never takes the prompt in: on the agentic-edit workload (a quoted file asked
+back edited) the 0.5B's prefills of prompts it never drafted for were a fifth of the run.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ from .lookup import PromptLookup, TokenHistory
 _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws
 _RESIDUAL_SALT = 0x2E51D0A1
 _HISTORY = "lookup_history"  # the verifier's TokenHistory of a request: stays there, never sent
+_DRAFT_SEEN = "draft_seen"  # tokens of the request the draft model has taken in (its latest step's)
+UNKNOWN_REMAINING = 256  # tokens left to a request with no max_tokens, for the catch-up's worth
 
 
 class Speculative(Policy):
@@ -73,8 +82,9 @@ class Speculative(Policy):
         elif lookup is not False and not isinstance(lookup, PromptLookup):
             raise ConfigError(f"Speculative: lookup must be True, False or a PromptLookup, got {lookup!r}")
         self.lookup = lookup or None
-        if self.lookup is not None:
+        if self.lookup is not None or k == "auto":  # lookups read it; auto counts the draft's lag
             self.requires = frozenset({VERIFY, HISTORY})
+        if self.lookup is not None:
             self.max_draft = max(self.max_draft, self.lookup.tokens or 0)
         self.draft, self.target = draft, target
         self._sampler = Sampler()
@@ -108,9 +118,13 @@ class Speculative(Policy):
         return self.auto.choose(batch) if self.auto is not None else self.k
 
     def start_model(self) -> str:
-        """The target when k="auto" plans no drafts at the load now: a request started on the
-        draft model would have its prompt taken in there only to write one tentative token and
-        move on (the demo pair at C = 16 ran at 0.92x the large model alone so)."""
+        """The target with lookup (the target writes first, and its tokens are what lookups
+        search; the draft model takes the prompt in only if a miss sends the request to it), and
+        when k="auto" plans no drafts at the load now: a request started on the draft model would
+        have its prompt taken in there only to write one tentative token and move on (the demo
+        pair at C = 16 ran at 0.92x the large model alone so)."""
+        if self.lookup is not None:
+            return self.target
         if self.auto is None:
             return self.draft
         return self.target if self.auto.best(self.in_flight()) == 0 else self.draft
@@ -148,6 +162,9 @@ class Speculative(Policy):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
+            if result.history is not None:
+                for state, history in zip(result.states, result.history):
+                    state[_DRAFT_SEEN] = len(history)
             plan = self.draft_length(self.in_flight(result.model, n)) if self.auto is not None else self.k
             k = torch.tensor([s.get("k", plan) for s in result.states])
             due = result.tentative >= k
@@ -159,10 +176,21 @@ class Speculative(Policy):
             # 16 in flight the target stepped on 11.6 rows on average, for 0.91x its speed alone.
             move = due | (due.any() & (result.tentative >= 1))
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
-        k = self.draft_length(self.in_flight(result.model, n))  # the target's token is kept; k = 0: it goes on alone
+        batch = self.in_flight(result.model, n)
+        k = self.draft_length(batch)  # the target's token is kept; k = 0: it goes on alone
         for state in result.states:
             state["k"] = k
         next_model = torch.full((n,), 0 if k else 1, dtype=torch.long)
+        if k and self.auto is not None and result.history is not None and result.params:
+            # a draft model far behind: drafting must repay its catch-up (unknown without the
+            # history, as where a caller steps the policy itself: the draft is taken as in step)
+            for i, (state, history, p, done) in enumerate(
+                zip(result.states, result.history, result.params, result.num_generated.tolist())
+            ):
+                lag = len(history) + 1 - state.get(_DRAFT_SEEN, 0)
+                left = (p.max_tokens if p.max_tokens is not None else UNKNOWN_REMAINING) - done - 1
+                if not self.auto.catch_up_pays(lag, left, batch):
+                    next_model[i] = 1
         if self.lookup is None or not k:
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model)
         length = self.lookup.tokens or k
@@ -267,6 +295,9 @@ class AutoDraftLength:
         self.accepted, self.judged = self.PRIOR
         self.draft_cost = lambda b: 1 / 3  # seconds of a draft step over a target step, for b rows
         self.verify_cost = lambda b, k: 1.0  # a target step over b rows of k + 1 tokens, over one of b rows
+        # c more tokens in a draft step of b rows (a catch-up), over a target step of b rows: a
+        # prompt token costs the demo 0.5B about a thirteenth of the 1.5B's decode step
+        self.catch_up_cost = lambda b, c: c / 16
 
     def use_profiles(self, draft_latency, target_latency, check_latency=None) -> None:
         """Step latencies (seconds against tokens in the step) of the draft and target models, and
@@ -276,6 +307,7 @@ class AutoDraftLength:
             check_latency = lambda b, t: target_latency(b * t)  # noqa: E731
         self.draft_cost = lambda b: draft_latency(b) / target_latency(b)
         self.verify_cost = lambda b, k: check_latency(b, k + 1) / target_latency(b)
+        self.catch_up_cost = lambda b, c: (draft_latency(b + c) - draft_latency(b)) / target_latency(b)
 
     def observe(self, accepted: int, judged: int) -> None:
         """One verified draft: `accepted` drafts kept of the `judged` ones compared with the
@@ -292,8 +324,9 @@ class AutoDraftLength:
     def rate(self) -> float:
         return min(0.99, max(0.0, self.accepted / self.judged))
 
-    def best(self, batch: int) -> int:
-        """The draft length with the most tokens per unit of time at this batch (no side effect)."""
+    def plan(self, batch: int) -> tuple[int, float]:
+        """The draft length with the most tokens per unit of time at this batch, and those tokens
+        per target step (1.0 at k = 0, the target alone). No side effect."""
         a = self.rate
         best_k, best = 0, 1.0  # k = 0: the target alone, one token per target step
         for k in range(1, self.max_k + 1):
@@ -301,7 +334,20 @@ class AutoDraftLength:
             speed = tokens / (k * self.draft_cost(batch) + self.verify_cost(batch, k))
             if speed > best * 1.02:  # a clear gain, not noise in the profiles
                 best_k, best = k, speed
-        return best_k
+        return best_k, best
+
+    def best(self, batch: int) -> int:
+        """`plan`'s draft length."""
+        return self.plan(batch)[0]
+
+    def catch_up_pays(self, lag: int, left: int, batch: int) -> bool:
+        """Whether a request whose draft model is `lag` tokens behind should draft, with `left`
+        tokens still to write: the catch-up (those tokens added to a draft step of the batch)
+        against what drafting saves over them at the planned speed, both in target steps. A
+        lag of a token or two (the target's own token after a check) costs next to nothing; a
+        whole prompt pays only where many tokens are left."""
+        speed = self.plan(batch)[1]
+        return self.catch_up_cost(batch, lag) < max(left, 0) * (1 - 1 / speed)
 
     def choose(self, batch: int) -> int:
         """`best`, for a step that acts on it."""

@@ -83,7 +83,7 @@ def reference_generate(
     written: list[str] = []
     states: dict[str, dict] = {name: {} for name in names}
     known: dict[tuple[str, str], int] = {}  # (holder, peer) -> tokens the peer knows
-    current = policy.entry_model
+    current = policy.start_model()  # where the engine starts it too
     max_tokens = params.max_tokens
     if max_model_len is not None:
         room = max_model_len - len(prompt_ids)
