@@ -78,3 +78,22 @@ def test_a_checkpoint_missing_a_weight_is_left_to_from_pretrained(tmp_path, toke
     del tensors["lm_head.weight"]
     save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     assert load_streaming(AutoConfig.from_pretrained(path), path, torch.float32, "eager") is None
+
+
+def test_only_a_load_of_many_megabytes_trims_the_heap(tmp_path, tokenizer, monkeypatch):
+    """Trimming the heap after a load collects the whole process's garbage (0.2-0.4 s with
+    transformers loaded): worth it after a real model's load, not after a few MB (a test's)."""
+    from tokenrouter import ModelSpec
+    from tokenrouter.engine import native
+    from tokenrouter.engine.model import loader
+
+    trims = []
+    monkeypatch.setattr(native, "trim_heap", lambda *a, **k: trims.append(1))
+    path = build_tiny_model(tmp_path / "m", arch="qwen2", tokenizer=tokenizer)
+    ckpt = loader.locate_checkpoint(path)
+    assert 0 < loader.weight_bytes(ckpt) < loader.TRIM_MIN_BYTES
+    loader.load_model("m", ModelSpec(path=str(path), dtype="float32"))
+    assert trims == []
+    monkeypatch.setattr(loader, "TRIM_MIN_BYTES", 1)
+    loader.load_model("m", ModelSpec(path=str(path), dtype="float32"))
+    assert trims == [1]

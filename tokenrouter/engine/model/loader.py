@@ -82,6 +82,20 @@ class Checkpoint:
         return dense_copy.write(self.gguf, config, store.files_for(self.gguf)).parent
 
 
+# A load's leftovers worth a heap trim: trimming collects the whole process's garbage first, 0.2-0.4 s
+# in a process holding transformers, which a model of a few MB (a test's) would pay at every load
+TRIM_MIN_BYTES = 64 << 20
+
+
+def weight_bytes(ckpt: Checkpoint) -> int:
+    """The size of a checkpoint's weight files (its GGUF, else its dense weights)."""
+    if ckpt.gguf is not None:
+        return ckpt.gguf.stat().st_size
+    if ckpt.dense is None:
+        return 0
+    return sum(f.stat().st_size for f in ckpt.dense.iterdir() if f.suffix in (".safetensors", ".bin"))
+
+
 def locate_checkpoint(path: Path) -> Checkpoint:
     """The checkpoint a model path names: a `.gguf` file; a directory holding exactly one `.gguf`
     (with or without a config beside it); a store directory (its GGUF is under the store's `gguf/`);
@@ -192,7 +206,8 @@ def load_model(name: str, spec: ModelSpec, threads: int | None = None) -> Loaded
     finally:
         if gguf is not None:
             gguf.close()
-        native.trim_heap()  # what loading freed goes back to the system: the steady size is what the model holds
+        if weight_bytes(ckpt) >= TRIM_MIN_BYTES:  # what loading freed goes back: the steady size is the model's
+            native.trim_heap()
     if spec.draft_vocab is not None:
         if spec.draft_vocab >= vocab_size:
             raise ModelLoadError(
