@@ -95,8 +95,9 @@ def test_agentic_sessions_are_sized_as_documented(size, tokenizer):
 @pytest.mark.parametrize("size", ["cpu", "gpu"])
 def test_agentic_edit_sessions_quote_a_file_and_ask_for_it_back(size, tokenizer):
     """Each session quotes whole functions of this package's own code (at least the size's
-    history, or a whole module), greps the function to rename, and asks for the file back; the
-    later turns ask for it again with another edit. Not run by default."""
+    history, or a whole module) and a grep of the function to rename, and asks for the file back,
+    all in one user message (no assistant turns calling tools: a model answers those with another
+    tool call); the later turns ask for it again with another edit. Not run by default."""
     from tokenrouter.bench import DEFAULT_WORKLOADS
 
     assert "agentic-edit" not in DEFAULT_WORKLOADS
@@ -105,11 +106,13 @@ def test_agentic_edit_sessions_quote_a_file_and_ask_for_it_back(size, tokenizer)
     for s in sessions:
         assert s.turns == sizes.turns and s.max_tokens == [sizes.max_tokens] * sizes.turns
         assert chat_tokens(tokenizer, s.messages) == s.prompt_tokens
-        task, quoted, grep = s.messages[1]["content"], s.messages[3]["content"], s.messages[5]["content"]
+        assert [m["role"] for m in s.messages] == ["system", "user"]
+        quoted, rest = s.messages[1]["content"].split("```\n\n")
+        grep, task = rest.split("\n\n")
         path, old = task.split()[1].rstrip(","), task.split("`")[1]
-        assert quoted.startswith(f"$ cat {path}\n") and f"def {old}(" in quoted
+        assert quoted.startswith(f"$ cat {path}\n```python\n") and f"def {old}(" in quoted
         assert len(tokenizer.encode(quoted, add_special_tokens=False)) >= min(sizes.history_tokens, 40)
-        assert grep.startswith(f"$ grep -n '{old}' {path}") and "whole edited file" in grep
+        assert grep.startswith(f"$ grep -n '{old}' {path}") and "whole edited file" in task
         assert len(s.followups) == sizes.turns - 1 and all("whole file again" in f for f in s.followups)
     assert len({s.messages[1]["content"] for s in sessions}) > 1
 

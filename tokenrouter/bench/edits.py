@@ -1,7 +1,12 @@
-"""The agentic-edit workload's sessions: a coding agent reads a file, greps it, and asks for the
-whole file back with one function renamed; its next turn asks for the answer again with a
-comment added. An answer quotes the prompt (and then its own earlier answer) nearly token for
-token: the work where prompt-lookup drafts pay (`Speculative(lookup=True)`, docs/policies.md).
+"""The agentic-edit workload's sessions: a coding agent sends a file and a grep of it, as its tools
+printed them, and asks for the whole file back with one function renamed (the "whole file" edit
+format of coding agents); its next turn asks for the answer again with a comment added. An
+answer quotes the prompt (and then its own earlier answer) nearly token for token: the work where
+prompt-lookup drafts pay (`Speculative(lookup=True)`, docs/policies.md).
+
+The file and the grep are in the user's message, not behind assistant turns that call tools:
+with such turns in the history the demo 1.5B answered with one more tool call (12 tokens, then
+its end of turn) instead of the file, and a run that ignores EOS measured what it wrote after.
 
 The files are real code: this package's own modules, as installed, cut to whole top-level
 functions. Nothing is downloaded; the same version of the package, seed, level and tokenizer give
@@ -20,8 +25,6 @@ from .sessions import Session, Sizes, chat_tokens
 PACKAGE = Path(__file__).resolve().parent.parent
 SYSTEM = (
     "You are a coding agent working in the repository of the Python package tokenrouter. "
-    "The user runs the tools you name and pastes their output: read_file(path) prints a file, "
-    "grep(pattern, path) prints the matching lines with their numbers, run_tests() runs the tests. "
     "When asked for a file, reply with the whole file in one Python code block and nothing else."
 )
 RENAMES = ("{}_v2", "new_{}", "{}_impl", "checked_{}")
@@ -67,24 +70,22 @@ def _grep(path: str, text: str, name: str) -> str:
 
 def edit_sessions(tokenizer, n: int, sizes: Sizes, rng: random.Random) -> list[Session]:
     """`n` sessions, each quoting a file of about `history_tokens` tokens (whole functions) and a
-    grep of it, then asking for the whole file with a function renamed; each later turn (of
-    `turns`) asks for the whole file again with a comment added above a function."""
+    grep of it, then asking for the whole file with a function renamed, in one user message;
+    each later turn (of `turns`) asks for the whole file again with a comment added above a
+    function."""
     sessions = []
     for _ in range(n):
         path, text, names = _file(tokenizer, rng, sizes.history_tokens or 0)
         used = [name for name in names if text.count(name) > 1]  # rather one called in the file too
         old = rng.choice(used or names)
         new = rng.choice(RENAMES).format(old)
-        messages = [
-            {"role": "system", "content": SYSTEM},
-            {"role": "user", "content": f"In {path}, rename `{old}` to `{new}` and update every use of it."},
-            {"role": "assistant", "content": f"read_file('{path}')"},
-            {"role": "user", "content": f"$ cat {path}\n{text}"},
-            {"role": "assistant", "content": f"grep('{old}', '{path}')"},
-            {"role": "user", "content": _grep(path, text, old) + "\n\nNow reply with the whole edited file."},
-        ]
+        task = (
+            f"$ cat {path}\n```python\n{text}```\n\n{_grep(path, text, old)}\n\n"
+            f"In {path}, rename `{old}` to `{new}` and update every use of it. Reply with the whole edited file."
+        )
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": task}]
         followups = [
-            f"$ run_tests()\n1 passed, 1 skipped: {path}: no test of `{other}` yet.\n\nAdd the comment "
+            f"$ pytest\n1 passed, 1 skipped: {path}: no test of `{other}` yet.\n\nAdd the comment "
             f"`# TODO: test {other}` on the line above `def {other}(`, and reply with the whole file again."
             for other in (rng.choice(names) for _ in range(sizes.turns - 1))
         ]
