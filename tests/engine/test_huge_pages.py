@@ -50,6 +50,12 @@ def test_a_large_tensor_starts_on_a_huge_page_and_only_whole_ones_are_marked():
     assert "hg" not in mapping_of(t.data_ptr() + 4 * MIB)["flags"]
 
 
+def test_off_in_the_environment_gives_plain_memory(monkeypatch):
+    monkeypatch.setenv(huge_pages.ENV, "off")
+    t = huge_pages.empty_bytes(4 * MIB)
+    assert not huge_pages.supported() and t.untyped_storage().nbytes() == 4 * MIB
+
+
 @linux_only
 def test_the_mapping_goes_with_the_last_view():
     t = huge_pages.empty_bytes(4 * MIB)

@@ -541,9 +541,10 @@ def test_auto_draft_length_plans_with_the_measured_cost_of_a_check():
 
 
 def test_auto_drafts_where_the_draft_models_catch_up_pays():
-    """A draft model that has not taken a request's tokens in must catch up before it drafts: with
-    k="auto" the request goes to it only where drafting saves more over the tokens left than the
-    catch-up costs (a prompt's tokens on the draft model, from its latency profile)."""
+    """With lookup (requests start on the target), a draft model that never took a request in
+    must take its whole sequence in before it drafts: with k="auto" the request goes to it only
+    where drafting saves more over the tokens left than that costs (from the draft model's
+    latency profile). Once the draft model holds a request, it drafts as planned."""
     from tokenrouter.policies import StepResult
     from tokenrouter.policies.speculative import AutoDraftLength
 
@@ -562,11 +563,11 @@ def test_auto_drafts_where_the_draft_models_catch_up_pays():
     assert not auto.catch_up_pays(700, 128, 1)  # a 700-token prompt (2.1 s) for 128 tokens
     assert auto.catch_up_pays(700, int(60 / saving), 1)  # ... pays where enough are left
 
-    spec = Speculative(k="auto")
+    spec = Speculative(k="auto", lookup=True)
     spec.auto.use_profiles(draft, target)
     spec.use_in_flight(lambda: 2)
-    prompt = list(range(700))
-    states = [{}, {"draft_seen": 700}, {}]  # never drafted; drafted up to the prompt's end; never
+    prompt = list(range(700))  # no repeats: nothing to look up
+    states = [{}, {"draft_holds": True}, {}]  # never on the draft model; drafted before; never
     result = StepResult(
         model="large",
         model_index=1,
@@ -580,6 +581,22 @@ def test_auto_drafts_where_the_draft_models_catch_up_pays():
         history=[prompt, prompt, prompt],
     )
     assert spec.route(result).next_model.tolist() == [1, 0, 0]  # a stays on the target: 128 left
+    draft_step = StepResult(
+        model="small",
+        model_index=0,
+        request_ids=["a"],
+        tokens=torch.zeros(1, dtype=torch.long),
+        logits=torch.zeros(1, 8),
+        num_generated=torch.tensor([1]),
+        states=[states[0]],
+        params=[SamplingParams(temperature=0, max_tokens=128)],
+        seeds=[0],
+        tentative=torch.tensor([1]),
+        history=[prompt + [1]],
+    )
+    spec.route(draft_step)
+    assert states[0]["draft_holds"]  # once it has stepped on a request, the draft model drafts as planned
+    assert spec.route(result).next_model.tolist() == [0, 0, 0]
 
 
 def test_auto_learns_the_acceptance_rate_per_judged_draft():

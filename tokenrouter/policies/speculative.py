@@ -28,12 +28,14 @@ from p, as the target alone would, and accept where the draw is the proposal": d
 target's own seeded draw at each position, a seeded request writes the target alone's tokens
 through every lookup draft, accepted or not.
 
-A draft model that has not seen a request's latest tokens must take them in before it drafts (a
-catch-up step). With `k="auto"` a request goes to the draft model only where that pays: the
+With lookup, requests start on the target, and a draft model must take a request's whole
+sequence in before it first drafts for it; with `k="auto"` it does so only where that pays: the
 catch-up's cost, from the draft's latency profile, against what drafting saves over the tokens
-the request has left to write. With lookup, requests start on the target, so a draft model that
-lookups leave idle never takes the prompt in: on the agentic-edit workload (a quoted file asked
-back edited) the 0.5B's prefills of prompts it never drafted for were a fifth of the run.
+the request has left to write. So a draft model that lookups leave idle never takes the prompt
+in (on an agentic-edit run on the demo pair, the 0.5B's prefills of prompts it then never
+drafted for had taken a fifth of the time). Without lookup the rule stays off: requests start
+on the draft model where drafting pays, and held back at a dip of the acceptance estimate (which
+learns only from drafts) they stopped drafting for good (30 drafted tokens of 256 where 154 paid).
 """
 
 from __future__ import annotations
@@ -51,7 +53,7 @@ from .lookup import PromptLookup, TokenHistory
 _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own draws
 _RESIDUAL_SALT = 0x2E51D0A1
 _HISTORY = "lookup_history"  # the verifier's TokenHistory of a request: stays there, never sent
-_DRAFT_SEEN = "draft_seen"  # tokens of the request the draft model has taken in (its latest step's)
+_DRAFT_HOLDS = "draft_holds"  # the draft model has taken the request in (it stepped on it)
 UNKNOWN_REMAINING = 256  # tokens left to a request with no max_tokens, for the catch-up's worth
 
 
@@ -82,9 +84,8 @@ class Speculative(Policy):
         elif lookup is not False and not isinstance(lookup, PromptLookup):
             raise ConfigError(f"Speculative: lookup must be True, False or a PromptLookup, got {lookup!r}")
         self.lookup = lookup or None
-        if self.lookup is not None or k == "auto":  # lookups read it; auto counts the draft's lag
-            self.requires = frozenset({VERIFY, HISTORY})
         if self.lookup is not None:
+            self.requires = frozenset({VERIFY, HISTORY})
             self.max_draft = max(self.max_draft, self.lookup.tokens or 0)
         self.draft, self.target = draft, target
         self._sampler = Sampler()
@@ -162,9 +163,8 @@ class Speculative(Policy):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
-            if result.history is not None:
-                for state, history in zip(result.states, result.history):
-                    state[_DRAFT_SEEN] = len(history)
+            for state in result.states:
+                state[_DRAFT_HOLDS] = True
             plan = self.draft_length(self.in_flight(result.model, n)) if self.auto is not None else self.k
             k = torch.tensor([s.get("k", plan) for s in result.states])
             due = result.tentative >= k
@@ -181,15 +181,18 @@ class Speculative(Policy):
         for state in result.states:
             state["k"] = k
         next_model = torch.full((n,), 0 if k else 1, dtype=torch.long)
-        if k and self.auto is not None and result.history is not None and result.params:
-            # a draft model far behind: drafting must repay its catch-up (unknown without the
-            # history, as where a caller steps the policy itself: the draft is taken as in step)
+        if k and self.auto is not None and self.lookup is not None and result.history is not None and result.params:
+            # a draft model that never took the request in: drafting must repay taking in the
+            # whole sequence (unknown without the history, as where a caller steps the policy
+            # itself: then it drafts)
+            speed = self.auto.plan(batch)[1]
             for i, (state, history, p, done) in enumerate(
                 zip(result.states, result.history, result.params, result.num_generated.tolist())
             ):
-                lag = len(history) + 1 - state.get(_DRAFT_SEEN, 0)
+                if state.get(_DRAFT_HOLDS):
+                    continue
                 left = (p.max_tokens if p.max_tokens is not None else UNKNOWN_REMAINING) - done - 1
-                if not self.auto.catch_up_pays(lag, left, batch):
+                if not self.auto.catch_up_pays(len(history) + 1, left, batch, speed):
                     next_model[i] = 1
         if self.lookup is None or not k:
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model)
@@ -340,13 +343,14 @@ class AutoDraftLength:
         """`plan`'s draft length."""
         return self.plan(batch)[0]
 
-    def catch_up_pays(self, lag: int, left: int, batch: int) -> bool:
+    def catch_up_pays(self, lag: int, left: int, batch: int, speed: float | None = None) -> bool:
         """Whether a request whose draft model is `lag` tokens behind should draft, with `left`
         tokens still to write: the catch-up (those tokens added to a draft step of the batch)
-        against what drafting saves over them at the planned speed, both in target steps. A
-        lag of a token or two (the target's own token after a check) costs next to nothing; a
-        whole prompt pays only where many tokens are left."""
-        speed = self.plan(batch)[1]
+        against what drafting saves over them at the planned speed (`plan`'s, given once per
+        step by a caller asking for every row), both in target steps. A whole prompt pays only
+        where many tokens are left."""
+        if speed is None:
+            speed = self.plan(batch)[1]
         return self.catch_up_cost(batch, lag) < max(left, 0) * (1 - 1 / speed)
 
     def choose(self, batch: int) -> int:

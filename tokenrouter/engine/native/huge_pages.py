@@ -8,21 +8,24 @@ memory with huge pages where the process asks (`transparent_hugepage` in its usu
 mode), but only memory not yet touched: a buffer glibc reuses from its heap keeps the small pages
 it has. So a weight of at least one huge page gets a fresh mapping of its own, 2 MiB aligned,
 marked MADV_HUGEPAGE before anything writes it; freed with the tensor. Elsewhere (another OS, a
-smaller tensor, THP off) it is plain `torch.empty`.
+smaller tensor, THP off) it is plain `torch.empty`, and `TOKENROUTER_HUGE_PAGES=off` makes it so
+everywhere (benchmarks/bench_huge_pages.py runs both).
 """
 
 from __future__ import annotations
 
 import mmap
+import os
 
 import torch
 
 HUGE_PAGE = 2 << 20
+ENV = "TOKENROUTER_HUGE_PAGES"  # "off": weights on the allocator's own pages
 
 
 def supported() -> bool:
-    """Whether this platform can ask for huge pages (Linux's MADV_HUGEPAGE)."""
-    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise")
+    """Whether this platform can ask for huge pages (Linux's MADV_HUGEPAGE) and may."""
+    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap.mmap, "madvise") and os.environ.get(ENV) != "off"
 
 
 def empty_bytes(nbytes: int) -> torch.Tensor:
