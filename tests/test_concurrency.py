@@ -174,3 +174,29 @@ def test_random_interleavings_keep_the_invariants(tiny_pair, refs, ops):
             assert len(out.token_ids) == r["n"]
         else:
             assert out.finish_reason == "abort", out
+
+
+def test_requests_submitted_together_are_counted_before_any_chooses_where_to_start(tiny_pair):
+    """A burst (here a gather of 4) is counted in flight before the first request asks the
+    policy where to start: a planner by load sees 4, not 1, 2, 3, 4 (Speculative(k="auto")
+    started the first of a burst on the draft model as if it were alone)."""
+
+    class Counting(EveryK):
+        def use_in_flight(self, count) -> None:
+            self.count, self.seen = count, []
+
+        def start_model(self) -> str:
+            self.seen.append(self.count())
+            return super().start_model()
+
+    policy = Counting(3)
+    spec = {"dtype": "float64", "kv_cache_tokens": 512, "block_size": 8}
+
+    async def main():
+        async with Engine(models={n: ModelSpec(path=p, **spec) for n, p in tiny_pair.items()}, policy=policy) as e:
+            async with anyio.create_task_group() as tg:
+                for i in range(4):
+                    tg.start_soon(e.generate, PROMPTS[i], _params(4))
+
+    anyio.run(main)
+    assert policy.seen == [4, 4, 4, 4]

@@ -97,6 +97,11 @@ class RequestTracker:
             return delta
 
         try:
+            # One checkpoint first: requests submitted together (a gather, C clients started at
+            # once) are all counted in flight before the first asks where to start, so a planner
+            # by load (Speculative(k="auto")) does not start the first of a burst on the draft
+            # model as if it were alone.
+            await anyio.sleep(0)
             self.submit(reqs[0])
             submitted.append(procs[reqs[0].request_id][1])
             while not all(p.worker_done for _, p in procs.values()):
