@@ -163,8 +163,9 @@ class Speculative(Policy):
                 if p.temperature > 0:  # the draft's distribution, for the acceptance test
                     st = SamplingTensors.build([p], [seed], [0], row.device)
                     state.setdefault("q", []).append(self._sampler.probs(row[None], st)[0])
-            for state in result.states:
-                state[_DRAFT_HOLDS] = True
+            if self.lookup is not None and self.auto is not None:  # what the catch-up rule reads
+                for state in result.states:
+                    state[_DRAFT_HOLDS] = True
             plan = self.draft_length(self.in_flight(result.model, n)) if self.auto is not None else self.k
             k = torch.tensor([s.get("k", plan) for s in result.states])
             due = result.tentative >= k

@@ -1,12 +1,13 @@
 """Weights in huge pages: the block kernels stream a model's weights once a decode step, and on 4 KiB
 pages that stream misses the TLB every 4 KiB.
 
-On the demo 1.5B (2 threads, AMD EPYC, avx512_bf16) a decode step's forward took 35-38 ms with
-its weights on 4 KiB pages and 30-35 ms on 2 MiB ones (the same code, the same minutes); the gate
-layer alone (8960x1536 Q4_K, ten copies cycled) read 33.5 GB/s against 37.6. Linux backs anonymous
-memory with huge pages where the process asks (`transparent_hugepage` in its usual "madvise"
-mode), but only memory not yet touched: a buffer glibc reuses from its heap keeps the small pages
-it has. So a weight of at least one huge page gets a fresh mapping of its own, 2 MiB aligned,
+Measured interleaved on a 2-core AMD EPYC VM (benchmarks/bench_huge_pages.py, docs/benchmarks.md):
+the gate layer of the demo 1.5B (8960x1536 Q4_K, ten copies cycled) 1.02-1.11x faster, depending
+on the minute, and a whole decode 1.02x, inside that machine's noise; it adds no memory, and
+where the host backs the VM's memory with huge pages too, each read's page walk is shorter.
+Linux backs anonymous memory with huge pages where the process asks (`transparent_hugepage` in
+its usual "madvise" mode), but only memory not yet touched: a buffer glibc reuses from its heap
+keeps the small pages it has. So a weight of at least one huge page gets a fresh mapping of its own, 2 MiB aligned,
 marked MADV_HUGEPAGE before anything writes it; freed with the tensor. Elsewhere (another OS, a
 smaller tensor, THP off) it is plain `torch.empty`, and `TOKENROUTER_HUGE_PAGES=off` makes it so
 everywhere (benchmarks/bench_huge_pages.py runs both).
