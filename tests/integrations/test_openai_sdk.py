@@ -63,7 +63,8 @@ SCRIPT = textwrap.dedent(
         assert called.choices[0].finish_reason == "tool_calls" and "city" in json.loads(call.function.arguments)
         two = c.chat.completions.create(model="large", messages=ask, n=2, max_tokens=8, seed=1)
         assert [ch.index for ch in two.choices] == [0, 1]
-        lp = c.chat.completions.create(model="large", messages=ask, max_tokens=4, logprobs=True, top_logprobs=2)
+        lp = c.chat.completions.create(model="large", messages=ask, max_tokens=4, temperature=0, logprobs=True,
+                                       top_logprobs=2)
         entries = lp.choices[0].logprobs.content
         assert len(entries) == 4 and all(len(e.top_logprobs) == 2 for e in entries)
         assert all(e.model_extra["model"] in ("small", "large") for e in entries)

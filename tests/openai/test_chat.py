@@ -38,6 +38,7 @@ def test_a_completion_carries_usage_and_the_routing_record(llm):
 
 TERSE = [{"role": "system", "content": "You are terse."}, *HI]
 EOS_OFF = {"ignore_eos": True}
+SPECIAL_ON = {"skip_special_tokens": False}
 
 
 def test_every_sampling_field_is_read(llm):
@@ -92,7 +93,15 @@ def test_stop_token_ids_end_the_answer(llm):
     run_async(llm, test)
 
 
-def test_logprobs_name_the_model_that_wrote_each_token(llm):
+def test_logprobs_name_the_model_that_wrote_each_token(llm, tokenizer):
+    special = {added.content for added in tokenizer.added_tokens_decoder.values() if added.special}
+
+    def joined(content, skip_special):
+        """The entries' bytes as text; the message leaves special tokens out (sampling writes them
+        too, with ignore_eos), and a character split across tokens shows as U+FFFD either way."""
+        kept = [entry for entry in content if not (skip_special and entry.token in special)]
+        return bytes(b for entry in kept for b in entry.bytes).decode("utf-8", errors="replace").replace("\ufffd", "")
+
     async def test(client):
         out = await client.chat.completions.create(
             model="large", messages=HI, max_tokens=7, logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True}
@@ -105,8 +114,18 @@ def test_logprobs_name_the_model_that_wrote_each_token(llm):
             assert isinstance(entry.token, str) and entry.logprob <= 0 and isinstance(entry.bytes, list)
             assert 1 <= len(entry.top_logprobs) <= 2
             assert entry.top_logprobs[0].logprob >= entry.top_logprobs[-1].logprob
-        joined = bytes(b for entry in content for b in entry.bytes).decode("utf-8", errors="replace")
-        assert joined.replace("\ufffd", "") == out.choices[0].message.content.replace("\ufffd", "")
+        assert joined(content, skip_special=True) == out.choices[0].message.content.replace("\ufffd", "")
+        for _ in range(20):  # sampled text: special tokens come up in about one request in ten
+            raw = await client.chat.completions.create(
+                model="large", messages=HI, max_tokens=7, logprobs=True, extra_body=EOS_OFF | SPECIAL_ON
+            )
+            text = raw.choices[0].message.content.replace("\ufffd", "")
+            assert joined(raw.choices[0].logprobs.content, skip_special=False) == text
+            sampled = await client.chat.completions.create(
+                model="large", messages=HI, max_tokens=7, logprobs=True, extra_body=EOS_OFF
+            )
+            text = sampled.choices[0].message.content.replace("\ufffd", "")
+            assert joined(sampled.choices[0].logprobs.content, skip_special=True) == text
         none = await client.chat.completions.create(model="large", messages=HI, max_tokens=2, logprobs=True)
         assert all(entry.top_logprobs == [] for entry in none.choices[0].logprobs.content)
 
