@@ -8,8 +8,9 @@ Figures are medians over those steps.
 
   fused (default)  the fused decoder (engine/model/fused_decoder.py): each `FusedLinears` call
                    by its weights' types and shapes and its epilogue, the attention backend's
-                   call (the KV write and the C kernel), the rotary product, the embedding, the
-                   final norm and the output head; "other" is the rest of the forward (Python)
+                   call (the KV write and the C kernel), the rotary product, the embedding, and
+                   the final norm and the output head (one `FusedLinears` call, "store", where
+                   the head is a block linear); "other" is the rest of the forward (Python)
   --unfused        transformers' forward (TOKENROUTER_FUSED_LAYERS=off): forward hooks on every
                    block linear (by type and shape) and on the norms, attention, MLP and layer
                    modules; a module's own time is its time less its children's

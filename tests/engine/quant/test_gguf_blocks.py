@@ -107,3 +107,22 @@ def test_without_a_compiler_the_library_says_why(monkeypatch, tmp_path):
     assert got is None and "did not build" in why
     monkeypatch.setenv(gguf_native.ENV, "off")
     assert gguf_native.load(home=tmp_path / "other") == (None, f"{gguf_native.ENV}=off")
+
+
+@pytest.mark.parametrize("kind", list(gguf_native.TYPES))
+def test_table_rows_are_gguf_pys_dequantization_to_the_bit(lib, kind):
+    """tr_gguf_rows (an embedding's looked-up rows) equals gguf-py's reference dequantization
+    exactly, in any order of ids with repeats; an id outside the table is an IndexError."""
+    n, k = 40, 512
+    blocks = random_blocks(kind, n, k, seed=7)
+    values, size = gguf_native.BLOCKS[kind]
+    for at in gguf_native.SCALES[kind]:  # negative scales too: every other block's sign bit set
+        blocks.view(n, k // values, size)[:, ::2, at + 1] |= 0x80
+    want = dequantized(kind, blocks, k)
+    ids = torch.tensor([[3, 0, 39], [3, 17, 5]])
+    got = gguf_native.rows(lib, kind, blocks.numpy(), (n, k), ids)
+    assert torch.equal(got, want[ids.reshape(-1)])
+    assert gguf_native.rows(lib, kind, blocks.numpy(), (n, k), torch.tensor([], dtype=torch.int64)).shape == (0, k)
+    for bad in (-1, n):
+        with pytest.raises(IndexError, match="out of range"):
+            gguf_native.rows(lib, kind, blocks.numpy(), (n, k), torch.tensor([0, bad]))

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import native
@@ -61,6 +62,7 @@ class Library:
     matmul_packed: Callable[..., int]  # tr_gguf_matmul_packed (the fast path)
     linears: Callable[..., int]  # tr_gguf_linears (a layer's fused calls, fast path only)
     rope: Callable[..., None]  # tr_rope
+    rows: Callable[..., int]  # tr_gguf_rows (a table's rows dequantized: embeddings)
 
 
 def load(home: str | Path | None = None) -> tuple[Library | None, str]:
@@ -81,6 +83,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         ("tr_fast_path", i32, []),
         ("tr_gguf_linears", i32, [i32, ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, i64, i32, i32]),
         ("tr_rope", None, [ptr, i64, i64, i32, i32, ptr, ptr]),
+        ("tr_gguf_rows", i32, [i32, ptr, i64, i64, ptr, i64, ptr]),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -93,6 +96,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         lib.tr_gguf_matmul_packed,
         lib.tr_gguf_linears,
         lib.tr_rope,
+        lib.tr_gguf_rows,
     )
 
 
@@ -107,6 +111,25 @@ def repack(lib: Library, kind: str, blocks: torch.Tensor, shape: tuple[int, int]
     blocks = blocks.contiguous()
     if lib.repack(TYPES[kind], blocks.data_ptr(), n, k, out.data_ptr(), torch.get_num_threads()) != 0:
         raise RuntimeError(f"tr_gguf_repack({kind}, {n}x{k}) failed")
+    return out
+
+
+def rows(lib: Library, kind: str, blocks: np.ndarray, shape: tuple[int, int], ids: torch.Tensor) -> torch.Tensor:
+    """Rows `ids` of a `shape` table in GGUF blocks (`blocks`: uint8 [rows, bytes a row],
+    C-contiguous), dequantized as gguf-py's reference code does: float32 [len(ids), cols], the same
+    bits. An id outside the table raises IndexError, as torch's embedding does."""
+    n, k = shape
+    ids = ids.reshape(-1).to(torch.int64).contiguous()
+    out = torch.empty(ids.numel(), k, dtype=torch.float32)
+    if ids.numel() == 0:
+        return out
+    if not blocks.flags.c_contiguous or blocks.nbytes != n * (k // BLOCKS[kind][0]) * BLOCKS[kind][1]:
+        raise ValueError(f"blocks of {blocks.nbytes} bytes ({blocks.shape}) for a {kind} table of {n}x{k}")
+    rc = lib.rows(TYPES[kind], blocks.ctypes.data, n, k, ids.data_ptr(), ids.numel(), out.data_ptr())
+    if rc == -2:
+        raise IndexError(f"token id out of range: the table has {n} rows, got ids {ids.min()}..{ids.max()}")
+    if rc != 0:
+        raise RuntimeError(f"tr_gguf_rows({kind}, {n}x{k}) failed with {rc}")
     return out
 
 
