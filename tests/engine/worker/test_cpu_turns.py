@@ -1,6 +1,6 @@
 """Workers on CPU take turns (engine/worker/cpu_turns.py): first come first served, never two steps at
-once, every forward in the one compute thread, a stopping worker gives up waiting, and a fixed
-`num_threads` turns all of it off."""
+once, every forward (and every load) in the one compute thread, a stopping worker gives up waiting,
+and a fixed `num_threads` turns all of it off."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import time
 
 import anyio
 import pytest
+import torch
 
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all, wait_all_free, wait_until
@@ -154,3 +155,40 @@ def test_stopping_engine_does_not_wait_for_a_turn(tiny_pair):
         assert len(results) == 6 and all(r.finish_reason in ("abort", "length") for r in results)
 
     anyio.run(main)
+
+
+def test_models_load_in_the_compute_thread_where_they_take_turns(tiny_pair, monkeypatch):
+    """Loading computes on every core too (the probe, the repacking): in the compute thread, so no
+    worker's thread keeps an OpenMP team of its own (engine/worker/cpu_turns.py says what that cost)."""
+    from tokenrouter.engine.model_core import ModelCore
+
+    where: dict[str, tuple[str, bool]] = {}
+    real = ModelCore.load
+
+    def load(self, *args, **kwargs):
+        where[self.name] = (threading.current_thread().name, torch.is_inference_mode_enabled())
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(ModelCore, "load", load)
+
+    async def main():
+        async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU)):
+            pass
+        assert where == {"small": ("tokenrouter-cpu-compute", False), "large": ("tokenrouter-cpu-compute", False)}
+        where.clear()
+        async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=1):
+            pass  # fixed threads: each worker loads and steps in its own thread
+        assert where == {"small": ("tokenrouter-worker-small", False), "large": ("tokenrouter-worker-large", False)}
+
+    anyio.run(main)
+
+
+def test_the_compute_thread_runs_a_job_posted_from_itself_at_once():
+    share = CoreShare(2)
+    share.start()
+    try:
+        inner = lambda: (threading.current_thread().name, torch.is_inference_mode_enabled())  # noqa: E731
+        assert share.run(lambda: share.run(inner)) == ("tokenrouter-cpu-compute", True)
+        assert share.run(lambda: share.run(inner, inference_mode=False)) == ("tokenrouter-cpu-compute", False)
+    finally:
+        share.stop()

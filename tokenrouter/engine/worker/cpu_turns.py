@@ -18,6 +18,9 @@ Every forward runs in one compute thread that the workers hand it to (`run`), no
 workers' own threads: GNU OpenMP keeps a thread team per thread that runs parallel regions, and
 once its threads outnumber the cores it stops spinning between regions, which made each step a
 fifth slower with two workers' teams on two cores. One team, in one thread, never outnumbers them.
+Loading runs there too: the precision probe and the repacking compute on every core, and a team
+they left in each worker's thread (idle, but counted) had the compute thread's team sleep and wake
+at every parallel region, about 190 times a step of the demo pair.
 """
 
 from __future__ import annotations
@@ -57,20 +60,24 @@ class CoreShare:
             self._thread.join(timeout)
             self._thread = None
 
-    def run(self, fn: Callable[[], Any]) -> Any:
-        """Run `fn` in the compute thread, on every core, and return its result (or raise)."""
+    def run(self, fn: Callable[[], Any], inference_mode: bool = True) -> Any:
+        """Run `fn` in the compute thread, on every core, and return its result (or raise);
+        under torch's inference mode unless told otherwise (loading a model)."""
         if self._thread is None:
             raise RuntimeError("the CPU compute thread is not running")
+        if threading.current_thread() is self._thread:  # already there (a forward while loading)
+            with torch.inference_mode(inference_mode):
+                return fn()
         done: Future = Future()
-        self._jobs.put((fn, done))
+        self._jobs.put((fn, inference_mode, done))
         return done.result()
 
     def _compute(self) -> None:
         use_threads(self.cores)  # each forward re-checks it too (ModelRunner.threads)
         while (job := self._jobs.get()) is not None:
-            fn, done = job
+            fn, inference, done = job
             try:
-                with torch.inference_mode():
+                with torch.inference_mode(inference):
                     done.set_result(fn())
             except BaseException as e:  # the caller re-raises it, in its own thread
                 done.set_exception(e)

@@ -85,7 +85,10 @@ class WorkerThread:
                 own = forward_threads = usable_cores()
             use_threads(own)
             compute = self.core_share.run if self.core_share is not None else None
-            self.core.load(compute, forward_threads)
+            if self.core_share is None:
+                self.core.load(compute, forward_threads)
+            else:  # in the compute thread: loading's parallel work (repacking, the probe) too
+                self.core_share.run(lambda: self.core.load(compute, forward_threads), inference_mode=False)
         except BaseException as e:
             self._setup_error = e
             self.inbox.close()
