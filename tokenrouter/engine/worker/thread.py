@@ -72,23 +72,22 @@ class WorkerThread:
 
     # ---- set-up ----------------------------------------------------------------------------
     def load(self) -> None:
-        """Set this thread's torch threads, then load the core; runs in the stepping thread."""
+        """Set this thread's torch threads, then load the core: in this thread, or where workers
+        take turns on the CPU in the compute thread, whose OpenMP team then serves the load's
+        parallel work (the probe, repacking) as it serves every forward (engine/worker/cpu_turns.py)."""
         try:
             if self.settings.num_threads is not None:
                 own = forward_threads = self.settings.num_threads
             elif self.core_share is not None:  # forwards run in the shared compute thread, on every core;
-                own, forward_threads = (
-                    1,
-                    self.core_share.cores,
-                )  # this thread's ops (loading, sampling) stay off OpenMP teams
+                own, forward_threads = 1, self.core_share.cores  # this thread's sampling stays off OpenMP teams
             else:  # alone on the cores, whatever count the caller's threads set
                 own = forward_threads = usable_cores()
             use_threads(own)
-            compute = self.core_share.run if self.core_share is not None else None
-            if self.core_share is None:
-                self.core.load(compute, forward_threads)
-            else:  # in the compute thread: loading's parallel work (repacking, the probe) too
-                self.core_share.run(lambda: self.core.load(compute, forward_threads), inference_mode=False)
+            share = self.core_share
+            if share is None:
+                self.core.load(None, forward_threads)
+            else:
+                share.run(lambda: self.core.load(share.run, forward_threads), inference_mode=False)
         except BaseException as e:
             self._setup_error = e
             self.inbox.close()
