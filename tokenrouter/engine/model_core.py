@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..config import ModelSpec, SamplingParams
 from ..errors import ConfigError
 from ..policies import HIDDEN, TOKEN_EMBEDDING, PeerMessage, Policy
+from ..sampling import argmax
 from ..structured import MAX_ROLLBACK
 from .attention import attention_choice, make_attention_backend
 from .core_stats import CoreCounters, CoreStats
@@ -339,7 +340,7 @@ class ModelCore:
             batch = ScheduledBatch(seqs=made, num_new=news, num_decode=rows if tokens_each == 1 else 0)
             t0 = time.perf_counter()
             out = self.runner.forward(batch)
-            out.logits.argmax(dim=-1).tolist()  # waits for the device, like a real step's sampling
+            argmax(out.logits).tolist()  # waits for the device, like a real step's sampling
             return time.perf_counter() - t0
         finally:
             for seq in made:

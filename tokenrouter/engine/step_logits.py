@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from ..sampling import LogitsRow, Sampler, SamplingTensors, process_logits, token_logprobs
+from ..sampling import LogitsRow, Sampler, SamplingTensors, argmax, process_logits, token_logprobs
 from ..structured import MAX_ROLLBACK, GrammarState
 from .sched import ScheduledBatch
 from .sequence import Sequence
@@ -61,7 +61,7 @@ class StepLogits:
 
     def sample(self, seqs: list[Sequence], logits: torch.Tensor) -> torch.Tensor:
         if all(s.req.params.temperature == 0.0 for s in seqs):  # all greedy: no sampling tensors needed
-            return logits.argmax(dim=-1)
+            return argmax(logits)
         return self.sampler(logits, self.sampling_tensors(seqs, logits.device))
 
     @staticmethod

@@ -150,10 +150,16 @@ class Verification:
         counts = [span.shape[0] - 1 for span in spans]
         width = max(counts)
         drafts = torch.full((len(seqs), width), -1, dtype=torch.long)
-        logits = spans[0].new_zeros((len(seqs), width + 1, spans[0].shape[-1]))
-        for j, (seq, span) in enumerate(zip(seqs, spans)):
+        for j, seq in enumerate(seqs):
             drafts[j, : counts[j]] = torch.tensor(seq.token_ids[seq.verify_start :])
-            logits[j, : counts[j] + 1] = span
+        if len(spans) == 1:  # one check (every step at one request in flight): a view, no copy
+            logits = spans[0][None]
+        elif min(counts) == width:
+            logits = torch.stack(spans)
+        else:  # padded to the longest check
+            logits = spans[0].new_zeros((len(seqs), width + 1, spans[0].shape[-1]))
+            for j, span in enumerate(spans):
+                logits[j, : counts[j] + 1] = span
         result = VerifyResult(
             model=self.role.name,
             model_index=self.role.index,

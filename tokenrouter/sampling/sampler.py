@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .greedy import argmax
+
 _MASK32 = 0xFFFFFFFF
 
 
@@ -71,7 +73,7 @@ class SamplingTensors:
 
 class Sampler:
     def __call__(self, logits: torch.Tensor, st: SamplingTensors) -> torch.Tensor:
-        greedy_tokens = logits.argmax(dim=-1)
+        greedy_tokens = argmax(logits)
         if st.all_greedy:
             return greedy_tokens
         greedy = st.temperature == 0
