@@ -599,6 +599,49 @@ def test_auto_drafts_where_the_draft_models_catch_up_pays():
     assert spec.route(result).next_model.tolist() == [0, 0, 0]
 
 
+def test_auto_drafts_on_while_the_draft_is_sure_and_stops_at_its_first_doubt():
+    """k="auto" on a draft step: a row goes on drafting while its chain (the draft's probability
+    that every token it drafted this cycle is accepted) times the acceptance rate pays for one
+    more draft step and check token at the planned speed; an unsure draft, a chain worn down by
+    several fair ones, or max_k ends it. Back from the target, the chain starts again."""
+    from tokenrouter.policies import PeerMessage, StepResult
+
+    spec = Speculative(k="auto", max_k=6)
+    spec.auto.use_profiles(lambda b: 0.012, lambda n: 0.036 * max(1.0, n / 16))  # a third; checks free
+    spec.use_in_flight(lambda: 1)
+
+    def draft_step(sure: float, tentative: int, state: dict) -> int:
+        logits = torch.full((1, 8), (1 - sure) / 7).log()
+        logits[0, 3] = torch.tensor(sure).log()  # the argmax, with probability `sure`
+        result = StepResult(
+            model="small",
+            model_index=0,
+            request_ids=["r"],
+            tokens=torch.tensor([3]),
+            logits=logits,
+            num_generated=torch.tensor([tentative]),
+            states=[state],
+            params=[SamplingParams(temperature=0)],
+            seeds=[0],
+            tentative=torch.tensor([tentative]),
+        )
+        return spec.route(result).next_model.tolist()[0]
+
+    state: dict = {}
+    assert [draft_step(0.99, t, state) for t in (1, 2, 3, 4, 5)] == [0, 0, 0, 0, 0]  # sure: on
+    assert draft_step(0.99, 6, state) == 1  # max_k
+    spec.receive(PeerMessage("r", "large", "small", start=0, tokens=[], confirmed=0), state)
+    assert "draft_chain" not in state  # a new cycle
+    assert draft_step(0.99, 1, state) == 0 and draft_step(0.2, 2, state) == 1  # the first doubt ends it
+    state, t = {}, 1
+    while draft_step(0.8, t, state) == 0:  # fair drafts: on for a while, then the chain is too weak
+        t += 1
+    assert 2 <= t < 6 and state["draft_chain"] == pytest.approx(0.8**t, rel=1e-3)
+    # where the check's extra token costs a whole target step, even a sure draft stops at once
+    spec.auto.use_profiles(lambda b: 0.012, lambda n: 0.036, lambda b, t: 0.036 * t)
+    assert draft_step(0.99, 1, {}) == 1
+
+
 def test_auto_learns_the_acceptance_rate_per_judged_draft():
     """The cycle formula's a is the chance that a judged draft is accepted; drafts after the
     first rejection are never judged. Cycles of 4 drafts alternating "all 4 accepted" and "the

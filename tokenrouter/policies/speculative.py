@@ -17,6 +17,9 @@ what it would cost the target to write the tokens itself. The batch it plans for
 request in flight, wherever it is: a request drafting on the small model comes back to the
 target's batch, so the target's step alone undercounts it. The engine tells it that count
 (`use_in_flight`); without an engine, the sum of each model's latest step size stands in.
+The plan sets the pace, and each request's draft stops where its own next draft stops paying:
+the draft's probability that its tokens so far are all accepted, times the acceptance rate,
+against the cost of one more draft step and one more token checked (`AutoDraftLength.extends`).
 
 `lookup=True` (or a `PromptLookup`) drafts for free where the text repeats: after each token the
 target writes, the request's latest tokens are looked for earlier in its prompt and output
@@ -55,6 +58,7 @@ _ACCEPT_SALT = 0x5EC5A1E  # acceptance draws: independent of the sampler's own d
 _RESIDUAL_SALT = 0x2E51D0A1
 _HISTORY = "lookup_history"  # the verifier's TokenHistory of a request: stays there, never sent
 _DRAFT_HOLDS = "draft_holds"  # the draft model has taken the request in (it stepped on it)
+_CHAIN = "draft_chain"  # k="auto": the draft's own probability that the drafts so far are all its picks
 UNKNOWN_REMAINING = 256  # tokens left to a request with no max_tokens, for the catch-up's worth
 
 
@@ -106,6 +110,7 @@ class Speculative(Policy):
         super().receive(msg, state)
         if msg.target == self.draft:  # back from the target: its drafts were all judged
             state.pop("q", None)
+            state.pop(_CHAIN, None)
 
     @property
     def wants_profiles(self) -> bool:
@@ -167,9 +172,10 @@ class Speculative(Policy):
             if self.lookup is not None and self.auto is not None:  # what the catch-up rule reads
                 for state in result.states:
                     state[_DRAFT_HOLDS] = True
-            plan = self.draft_length(self.in_flight(result.model, n)) if self.auto is not None else self.k
-            k = torch.tensor([s.get("k", plan) for s in result.states])
-            due = result.tentative >= k
+            if self.auto is not None:
+                due = self._draft_done(result, self.in_flight(result.model, n))
+            else:
+                due = result.tentative >= torch.tensor([s.get("k", self.k) for s in result.states])
             # The whole step goes to the target once any of its rows is due, those with shorter
             # drafts too: so the target checks every request in one step, as vLLM's and SGLang's
             # lock-step drafting does. Rows handed to the drafter at different times (prompts
@@ -206,6 +212,25 @@ class Speculative(Policy):
         found = torch.tensor([bool(p) for p in proposals], dtype=torch.bool)
         next_model[found] = 1  # a match: the target checks it next, no draft
         return Route(keep=torch.ones(n, dtype=torch.bool), next_model=next_model, proposals=proposals)
+
+    def _draft_done(self, result: StepResult, batch: int) -> torch.Tensor:
+        """k="auto", on a draft step: the rows whose drafting ends here. Each row's chain, the
+        draft's probability of every token it drafted this cycle multiplied together, is how
+        likely the target is to accept them all (greedy: the draft's softmax at its argmax; the
+        demo 0.5B's is calibrated within a few points on coding answers). One more draft pays
+        while it adds tokens faster than the cycle's planned speed (`AutoDraftLength.extends`):
+        drafts run on while the draft is sure and stop at its first doubt, up to max_k."""
+        speed = self.auto.plan(batch)[1]
+        tokens = result.tokens.to(result.logits.device)
+        sure = torch.softmax(result.logits.float(), dim=-1).gather(1, tokens[:, None])[:, 0].tolist()
+        done = []
+        for i, (state, p, drafted) in enumerate(zip(result.states, result.params, result.tentative.tolist())):
+            if p.temperature > 0:  # the distribution it drew from
+                q = state["q"][-1]
+                sure[i] = float(q[tokens[i]] / q.sum())
+            state[_CHAIN] = chain = state.get(_CHAIN, 1.0) * sure[i]
+            done.append(drafted >= self.max_draft or not self.auto.extends(chain, drafted, batch, speed))
+        return torch.tensor(done, dtype=torch.bool)
 
     def verify(self, result: VerifyResult) -> Verdict:
         """Greedy rows compare on the drafts' device (on the host as the engine gives them: one
@@ -348,6 +373,15 @@ class AutoDraftLength:
     def best(self, batch: int) -> int:
         """`plan`'s draft length."""
         return self.plan(batch)[0]
+
+    def extends(self, chain: float, drafted: int, batch: int, speed: float) -> bool:
+        """Whether a draft model that has drafted `drafted` tokens, all accepted with probability
+        `chain`, should draft one more: its expected token (chain times the acceptance rate)
+        against its cost (a draft step, and one more token in the check), at no less than the
+        planned `speed` (tokens per target step). The marginal rule of dynamic draft lengths
+        (transformers' assistant_confidence_threshold, Mamou et al. 2024), from measured costs."""
+        cost = self.draft_cost(batch) + self.verify_cost(batch, drafted + 1) - self.verify_cost(batch, drafted)
+        return chain * self.rate >= cost * speed
 
     def catch_up_pays(self, lag: int, left: int, batch: int, speed: float | None = None) -> bool:
         """Whether a request whose draft model is `lag` tokens behind should draft, with `left`
