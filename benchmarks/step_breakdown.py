@@ -11,6 +11,9 @@ Figures are medians over those steps.
                    call (the KV write and the C kernel), the rotary product, the embedding, and
                    the final norm and the output head (one `FusedLinears` call, "store", where
                    the head is a block linear); "other" is the rest of the forward (Python)
+  --layers-in-c    the fused decoder as it serves, its layers in one C call a step
+                   (engine/model/layer_stack.py): that call is one part; without it, the
+                   fused decoder's Python loop (TOKENROUTER_FUSED_LAYERS=python), each call a part
   --unfused        transformers' forward (TOKENROUTER_FUSED_LAYERS=off): forward hooks on every
                    block linear (by type and shape) and on the norms, attention, MLP and layer
                    modules; a module's own time is its time less its children's
@@ -42,6 +45,7 @@ from tokenrouter import Engine, ModelSpec, SamplingParams, store
 from tokenrouter.bench import machine_info
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.model import fused_decoder
+from tokenrouter.engine.model.layer_stack import LayerStack
 from tokenrouter.engine.quant import FusedLinears, GGUFBlockLinear
 from tokenrouter.policies import Single
 
@@ -86,6 +90,7 @@ def install_fused(parts: Parts) -> None:
     FusedLinears.__call__ = parts.timed(linear_key, FusedLinears.__call__)
     CpuPagedAttention.forward = parts.timed(lambda *a: "attention (KV write + C kernel)", CpuPagedAttention.forward)
     fused_decoder.rope = parts.timed(lambda *a: "rope", fused_decoder.rope)
+    LayerStack.__call__ = parts.timed(lambda *a: "layers (one C call)", LayerStack.__call__)
     step = fused_decoder.FusedDecoder.__call__
 
     def whole(self, input_ids, *rest):
@@ -188,12 +193,15 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="qwen-coder-1.5b")
     p.add_argument("--unfused", action="store_true", help="transformers' forward, timed with module hooks")
+    p.add_argument("--layers-in-c", action="store_true", help="the layers as served: one C call a step, one part")
     p.add_argument("--tokens", type=int, default=48)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--json")
     args = p.parse_args()
     if args.unfused:
         os.environ["TOKENROUTER_FUSED_LAYERS"] = "off"
+    elif not args.layers_in_c:  # the Python loop: each call timed on its own
+        os.environ["TOKENROUTER_FUSED_LAYERS"] = "python"
     torch.set_num_threads(1)  # the engine's worker sets its own
     parts, walls = anyio.run(run, args)
     text, rows = table(parts, walls)
@@ -203,7 +211,9 @@ def main() -> None:
         report = {
             "command": " ".join(["python", *sys.argv]),
             "model": args.model,
-            "forward": "transformers (hooks)" if args.unfused else "fused",
+            "forward": "transformers (hooks)"
+            if args.unfused
+            else ("fused, layers in C" if args.layers_in_c else "fused"),
             "machine": machine_info(),
             "rows": rows,
             "steps_ms": [{k: v * 1000 for k, v in s.items()} for s in parts.steps],

@@ -98,17 +98,19 @@ def test_bad_groups_and_inputs_are_refused():
         FusedLinears([a], "add")(torch.randn(2, 256))
 
 
-def _run(path, monkeypatch, fused: bool, prompt: list[int], tokens: int = 8):
+def _run(path, monkeypatch, fused: str, prompt: list[int], tokens: int = 8, dtype: str = "float32"):
     """Greedy `tokens` from `prompt` with each token's log-probability (decode steps), and the
-    prompt's log-probabilities (a prefill), with the fused decoder on or off."""
-    monkeypatch.setenv("TOKENROUTER_FUSED_LAYERS", "on" if fused else "off")
+    prompt's log-probabilities (a prefill), with TOKENROUTER_FUSED_LAYERS=`fused` ("on": the
+    layers in one C call; "python": the fused decoder's Python loop; "off": transformers')."""
+    monkeypatch.setenv("TOKENROUTER_FUSED_LAYERS", fused)
 
     async def main():
-        spec = ModelSpec(path=path, dtype="float32", quantization="gguf", kv_cache_tokens=512)
+        spec = ModelSpec(path=path, dtype=dtype, quantization="gguf", kv_cache_tokens=512)
         async with Engine(models={"m": spec}, num_threads=1) as e:
             assert e.loaded["m"].linear_kernel.startswith("blocks")
             forward = e.stats()["m"].model_forward
-            assert forward == "fused" if fused else forward.startswith("transformers: TOKENROUTER_FUSED_LAYERS=off")
+            off = fused == "off"
+            assert forward.startswith("transformers: TOKENROUTER_FUSED_LAYERS=off") if off else forward == "fused"
             params = SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True, logprobs=0, prompt_logprobs=0)
             got = {}
 
@@ -138,9 +140,42 @@ def test_the_fused_model_is_transformers_model_and_the_same_bits_in_any_step(tmp
     )
     write_gguf(path, kind="Q4_K")
     prompt = [(7 * i + 3) % 300 + 3 for i in range(24)]
-    tokens, decoded, prompt_lp, prefilled = _run(path, monkeypatch, True, prompt)
-    _, _, want_prompt, _ = _run(path, monkeypatch, False, prompt)
+    tokens, decoded, prompt_lp, prefilled = _run(path, monkeypatch, "on", prompt)
+    _, _, want_prompt, _ = _run(path, monkeypatch, "off", prompt)
     err = (torch.tensor(prompt_lp) - torch.tensor(want_prompt)).abs().max()
     assert 0 < err < 1e-3, err  # not the same bits (RMSNorm's sum): the two forwards did run
     # a token decoded beside another request, and the same token in a prefill: the same bits
     assert decoded == prefilled
+
+
+def test_the_layers_in_one_c_call_are_the_python_loops_bits(tmp_path, tokenizer, monkeypatch):
+    """tr_decoder_layers (engine/model/layer_stack.py) runs the fused layers' kernels in the Python
+    loop's order, the K and V rounded into the cache as torch rounds them: every token and
+    log-probability of a decode beside another request, of a prompt and of a prefill is the same
+    bits either way."""
+    from tokenrouter.engine.quant import probe
+
+    _lib()
+    monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks")
+    path = build_tiny_model(
+        tmp_path / "qwen2",
+        "qwen2",
+        tokenizer=tokenizer,
+        hidden_size=256,
+        intermediate_size=512,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
+    write_gguf(path, kind="Q4_K")
+    from tokenrouter.engine.model.layer_stack import LayerStack
+
+    calls = []
+    stack_call = LayerStack.__call__
+    monkeypatch.setattr(LayerStack, "__call__", lambda self, *a: calls.append(self.kv_kind) or stack_call(self, *a))
+    prompt = [(11 * i + 5) % 300 + 3 for i in range(40)]  # over two KV blocks
+    in_c = _run(path, monkeypatch, "on", prompt, tokens=12)
+    assert calls and set(calls) == {2}  # it ran, over a float16 KV cache (the GGUF blocks' precision)
+    calls.clear()
+    in_python = _run(path, monkeypatch, "python", prompt, tokens=12)
+    assert not calls
+    assert in_c == in_python

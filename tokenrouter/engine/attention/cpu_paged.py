@@ -37,6 +37,11 @@ class Kernel:
     vectorized: bool  # built with the AVX512 loops (else plain C: the same rule, slower)
     attention: Callable[..., int]  # tr_paged_attention, through ctypes
 
+    @property
+    def address(self) -> int:
+        """tr_paged_attention's address, for C code that calls it (tr_decoder_layers)."""
+        return ctypes.cast(self.attention, ctypes.c_void_p).value
+
 
 def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
     """(the kernel, "") or (None, why not): built on first use, then read from the store."""
@@ -109,14 +114,15 @@ class CpuPagedAttention(AttentionBackend):
     def plan(self, meta: AttentionMetadata) -> None:
         self._planned = (meta, StepQueries.of(meta))
 
-    def _queries(self, meta: AttentionMetadata) -> StepQueries:
+    def queries(self, meta: AttentionMetadata) -> StepQueries:
+        """The step's queries as the kernel takes them (planned once a step)."""
         if self._planned is None or self._planned[0] is not meta:  # a caller that did not plan
             self.plan(meta)
         return self._planned[1]
 
     def forward(self, layer_idx, q, k, v, meta: AttentionMetadata, scaling, sliding_window):
         k_cache, v_cache = self.cache.write(layer_idx, meta.slot_mapping, k, v)
-        step = self._queries(meta)
+        step = self.queries(meta)
         tokens, heads, dim = q.shape
         if q.stride(-1) != 1:
             q = q.contiguous()

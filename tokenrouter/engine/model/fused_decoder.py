@@ -14,7 +14,8 @@ any rows, which lossless speculation needs.
 It serves where every linear of every layer is a GGUF block linear on the kernels' fast path,
 the model computes in float32 on the CPU, and the architecture is one it knows (`ARCHS`); the
 runner falls back to transformers' forward otherwise, and `TOKENROUTER_FUSED_LAYERS=off` does
-so on purpose.
+so on purpose. With the C attention kernel the layers run as one C call a step (layer_stack.py,
+the same bits); `TOKENROUTER_FUSED_LAYERS=python` keeps the loop below.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import torch
 
 from ..attention import AttentionBackend, AttentionMetadata
 from ..quant import FusedLinears, GGUFBlockLinear, rope
+from .layer_stack import LayerStack
 
 ENV = "TOKENROUTER_FUSED_LAYERS"
 ARCHS = frozenset({"qwen2", "llama", "mistral"})  # RMSNorm, rotate-half rotary, SiLU-gated MLP, no q/k norm
@@ -61,6 +63,8 @@ class FusedDecoder:
         self.head_dim = getattr(text, "head_dim", None) or text.hidden_size // self.heads
         self.scaling = self.head_dim**-0.5
         self.lib = layers[0].qkv.lib
+        self.in_c = os.environ.get(ENV, "").lower() != "python"  # the layers as one C call where it can
+        self._stack: tuple[AttentionBackend, LayerStack | None] | None = None  # built for the first backend seen
 
     @classmethod
     def of(cls, model: torch.nn.Module, dtype: torch.dtype, device: torch.device) -> tuple[FusedDecoder | None, str]:
@@ -109,10 +113,34 @@ class FusedDecoder:
     ) -> torch.Tensor:
         """Logits [rows kept, vocab] for a packed step (`input_ids`, `positions` [T]), as
         transformers' forward with `logits_to_keep=keep` (0: every row) gives them."""
-        t = input_ids.shape[0]
         h = self.embed(input_ids).float().contiguous()
         cos, sin = self.rotary(h[None], positions[None])
         cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        stack = self.stack(backend)
+        if stack is not None:
+            stack(h, cos, sin, meta)
+        else:
+            self.layers_in_python(h, cos, sin, backend, meta)
+        if not (isinstance(keep, int) and keep == 0):
+            h = h[keep] if isinstance(keep, torch.Tensor) else h[-keep:]
+        if self.normed_head is not None:
+            return self.normed_head(h.contiguous())
+        return self.head(self.final_norm(h))
+
+    def stack(self, backend: AttentionBackend) -> LayerStack | None:
+        """The layers as one C call over `backend` (None: the Python loop serves)."""
+        if not self.in_c:
+            return None
+        if self._stack is None or self._stack[0] is not backend:
+            heads = (self.heads, self.kv_heads, self.head_dim)
+            self._stack = (backend, LayerStack.over(self.lib, self.layers, backend, *heads, self.scaling))
+        return self._stack[1]
+
+    def layers_in_python(
+        self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, backend: AttentionBackend, meta: AttentionMetadata
+    ) -> None:
+        """h through every layer, in place, a few calls a layer (any attention backend)."""
+        t = h.shape[0]
         q_width, kv_width = self.heads * self.head_dim, self.kv_heads * self.head_dim
         for i, layer in enumerate(self.layers):
             qkv = layer.qkv(h)
@@ -123,8 +151,3 @@ class FusedDecoder:
             attn = backend.forward(i, q, k, v, meta, self.scaling, layer.sliding_window)
             layer.o(attn.reshape(t, q_width).contiguous(), out=h)
             layer.down(layer.gate_up(h), out=h)
-        if not (isinstance(keep, int) and keep == 0):
-            h = h[keep] if isinstance(keep, torch.Tensor) else h[-keep:]
-        if self.normed_head is not None:
-            return self.normed_head(h.contiguous())
-        return self.head(self.final_norm(h))

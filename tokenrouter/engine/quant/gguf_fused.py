@@ -17,7 +17,7 @@ import ctypes
 import torch
 
 from .gguf_blocks import GGUFBlockLinear
-from .gguf_native import TYPES, Library
+from .gguf_native import TYPES, Library, LinearsArgs
 
 EPILOGUES = {"store": 0, "add": 1, "silu_mul": 2}  # tr_gguf_linears' numbers
 _ARITY = {"store": range(1, 5), "add": range(1, 2), "silu_mul": range(2, 3)}
@@ -57,6 +57,16 @@ class FusedLinears:
             *(None if layer.bias is None else layer.bias.data_ptr() for layer in layers)
         )
         self._norm = None if self.norm is None else self.norm.data_ptr()
+
+    def args(self) -> LinearsArgs:
+        """This call's weights and epilogue as tr_decoder_layers takes them (valid while this
+        object lives: it keeps the blocks, biases and norm they point into)."""
+        a = LinearsArgs(count=len(self.layers), epilogue=EPILOGUES[self.epilogue], norm_w=self._norm, eps=self.eps)
+        a.K, a.out_features = self.in_features, self.out_features
+        for i in range(len(self.layers)):
+            a.types[i], a.packed[i] = self._types[i], self._blocks[i]
+            a.Ns[i], a.biases[i] = self._rows[i], self._biases[i]
+        return a
 
     def __call__(self, x: torch.Tensor, out: torch.Tensor | None = None) -> torch.Tensor:
         """x [M, in] float32 contiguous. "store" and "silu_mul" write a new [M, out] tensor (or

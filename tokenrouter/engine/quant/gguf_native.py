@@ -63,6 +63,42 @@ class Library:
     linears: Callable[..., int]  # tr_gguf_linears (a layer's fused calls, fast path only)
     rope: Callable[..., None]  # tr_rope
     rows: Callable[..., int]  # tr_gguf_rows (a table's rows dequantized: embeddings)
+    layers: Callable[..., int]  # tr_decoder_layers (a stack of fused layers in one call)
+
+
+MAX_LINEARS = 4  # the C file's: weights in one tr_gguf_linears call
+
+
+class LinearsArgs(ctypes.Structure):
+    """One tr_gguf_linears call's weights and epilogue (the C file's TrLinears)."""
+
+    _fields_ = [
+        ("count", ctypes.c_int),
+        ("epilogue", ctypes.c_int),
+        ("types", ctypes.c_int * MAX_LINEARS),
+        ("packed", ctypes.c_void_p * MAX_LINEARS),
+        ("Ns", ctypes.c_int64 * MAX_LINEARS),
+        ("biases", ctypes.c_void_p * MAX_LINEARS),
+        ("norm_w", ctypes.c_void_p),
+        ("eps", ctypes.c_float),
+        ("K", ctypes.c_int64),
+        ("out_features", ctypes.c_int64),
+    ]
+
+
+class LayerArgs(ctypes.Structure):
+    """A decoder layer for tr_decoder_layers (the C file's TrLayer): its four weight groups, its
+    K and V caches, its sliding window (0: none)."""
+
+    _fields_ = [
+        ("qkv", LinearsArgs),
+        ("o", LinearsArgs),
+        ("gate_up", LinearsArgs),
+        ("down", LinearsArgs),
+        ("k_cache", ctypes.c_void_p),
+        ("v_cache", ctypes.c_void_p),
+        ("window", ctypes.c_int),
+    ]
 
 
 def load(home: str | Path | None = None) -> tuple[Library | None, str]:
@@ -84,6 +120,16 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         ("tr_gguf_linears", i32, [i32, ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, i64, i32, i32]),
         ("tr_rope", None, [ptr, i64, i64, i32, i32, ptr, ptr]),
         ("tr_gguf_rows", i32, [i32, ptr, i64, i64, ptr, i64, ptr]),
+        (
+            "tr_decoder_layers",
+            i32,
+            [
+                *(ptr, i32, ptr, i64, ptr, ptr, ptr),  # layers, count, h, tokens, cos, sin, slots
+                *(i32, i32, i32, ctypes.c_float, ptr),  # heads, KV heads, head dim, scale, attention
+                *(i32, i64, ptr, ptr, ptr, i64, i64, i32),  # KV kind, cache blocks, token_row .. block size
+                *(ptr, ptr, ptr, i32),  # the scratch rows (qkv, attention, MLP), threads
+            ],
+        ),
     ):
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
@@ -97,6 +143,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         lib.tr_gguf_linears,
         lib.tr_rope,
         lib.tr_gguf_rows,
+        lib.tr_decoder_layers,
     )
 
 
