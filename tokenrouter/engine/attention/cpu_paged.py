@@ -104,6 +104,11 @@ class StepQueries:
         tables = torch.tensor([t + [0] * (widest - len(t)) for t in meta.block_tables], dtype=torch.int32)
         return cls(token_row, token_keys.to(torch.int32), tables)
 
+    def args(self, block_size: int) -> tuple:
+        """The kernel's arguments token_row .. block_size, in its order."""
+        t = self.tables
+        return self.token_row.data_ptr(), self.token_keys.data_ptr(), t.data_ptr(), t.shape[0], t.shape[1], block_size
+
 
 class CpuPagedAttention(AttentionBackend):
     def __init__(self, cache: KVCache, kernel: Kernel):
@@ -141,12 +146,7 @@ class CpuPagedAttention(AttentionBackend):
             heads,
             k_cache.shape[1],
             dim,
-            step.token_row.data_ptr(),
-            step.token_keys.data_ptr(),
-            step.tables.data_ptr(),
-            step.tables.shape[0],
-            step.tables.shape[1],
-            meta.block_size,
+            *step.args(meta.block_size),
             sliding_window or 0,
             float(scaling),
             torch.get_num_threads(),
