@@ -175,7 +175,7 @@ class Speculative(Policy):
             if self.auto is not None:
                 due = self._draft_done(result, self.in_flight(result.model, n))
             else:
-                due = result.tentative >= torch.tensor([s.get("k", self.k) for s in result.states])
+                due = result.tentative >= self.k
             # The whole step goes to the target once any of its rows is due, those with shorter
             # drafts too: so the target checks every request in one step, as vLLM's and SGLang's
             # lock-step drafting does. Rows handed to the drafter at different times (prompts
@@ -186,8 +186,6 @@ class Speculative(Policy):
             return Route(keep=torch.ones(n, dtype=torch.bool), next_model=move.long())
         batch = self.in_flight(result.model, n)
         k = self.draft_length(batch)  # the target's token is kept; k = 0: it goes on alone
-        for state in result.states:
-            state["k"] = k
         next_model = torch.full((n,), 0 if k else 1, dtype=torch.long)
         if k and self.auto is not None and self.lookup is not None and result.history is not None and result.params:
             # a draft model that never took the request in: drafting must repay taking in the
