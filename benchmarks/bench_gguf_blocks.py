@@ -33,8 +33,8 @@ def main() -> None:
     p.add_argument("--json")
     a = p.parse_args()
     lib, why = gguf_native.load()
-    if lib is None or not lib.fast:
-        raise SystemExit(f"the GGUF block kernels have no fast path here: {why or 'built without AVX512 VNNI'}")
+    if lib is None:
+        raise SystemExit(f"no GGUF block kernels here: {why}")
     rows = []
     for shape in SHAPES:
         t = probe.measure_quantized(shape, a.threads)

@@ -1,6 +1,7 @@
 """The house limits on size, checked: no module over 450 lines and no class over 350 (from its `class` line to
-its last), in the package and in the tools beside it (scripts/, benchmarks/ but its results, examples/). A file
-that grows past them is split by what it does. Files are only read, never imported."""
+its last), in the package and in the tools beside it (scripts/, benchmarks/ but its results, examples/); no C
+source or header of the package's kernels over 450 lines either (one file per level, as ggml-cpu's arch/). A
+file that grows past them is split by what it does. Files are only read, never imported."""
 
 from __future__ import annotations
 
@@ -49,6 +50,14 @@ def test_the_measure_finds_what_is_over_the_limits():
     long_module = "".join(f"x{i} = {i}\n" for i in range(MODULE_LINES + 1))
     assert over_the_limits(long_module) == ["451 lines (a module may have 450)"]
     assert over_the_limits(long_module[: long_module.index("x450")]) == []
+
+
+def test_no_c_source_is_over_the_module_limit():
+    sources = sorted([*(ROOT / "tokenrouter").rglob("*.c"), *(ROOT / "tokenrouter").rglob("*.h")])
+    assert sources, "no C sources under tokenrouter/"
+    lines = {p.relative_to(ROOT): len(p.read_text(encoding="utf-8").splitlines()) for p in sources}
+    bad = [f"{p}: {n} lines (a file may have {MODULE_LINES})" for p, n in lines.items() if n > MODULE_LINES]
+    assert not bad, "over the house limits (split by what it does):\n" + "\n".join(bad)
 
 
 @pytest.mark.parametrize("folder", FOLDERS)

@@ -74,8 +74,8 @@ def test_the_mapping_goes_with_the_last_view():
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_the_block_kernels_compute_the_same_on_huge_pages(kind):
     lib, why = gguf_native.load()
-    if lib is None or not lib.fast:
-        pytest.skip(f"no fast GGUF kernels here: {why or 'no AVX512 VNNI'}")
+    if lib is None:
+        pytest.skip(f"no GGUF block kernels here: {why}")
     n, k = 2304, 2048  # repacked: 2.7 MiB (Q4_K), 4.1 MiB (Q6_K), so in huge pages
     blocks = random_blocks(kind, n, k, seed=5)
     packed = gguf_native.repack(lib, kind, blocks, (n, k))

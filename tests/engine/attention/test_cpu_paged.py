@@ -1,42 +1,42 @@
 """The C attention kernel (engine/attention/cpu_paged.py): it computes what torch's SDPA does over
 the paged cache, and a query's result is the same bits whatever else the step holds, however wide
-its widest row is, and with any number of threads. Both builds: the one for this CPU (its AVX512
-loops where it has them) and the plain-C loops a CPU without AVX512F gets."""
+its widest row is, and with any number of threads. At every CPU level this machine runs (plain C,
+AVX2, AVX512), each built as the engine builds it for a CPU of that level."""
 
 from __future__ import annotations
 
 import ctypes
-import subprocess
 
 import pytest
 import torch
 
-from tokenrouter.engine import AttentionMetadata
+from tokenrouter.engine import AttentionMetadata, native
 from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
 from tokenrouter.engine.attention.torch_paged import TorchPagedAttention
 from tokenrouter.engine.kv import KVCache, KVLayout
-from tokenrouter.engine.native import build as native_build
 from tokenrouter.testing.paged_steps import step_metadata
 
 BLOCK = 4
+LEVELS = native.cpu.runnable()
 
 
-@pytest.fixture(scope="module", params=["this CPU", "plain C"])
-def kernel(request, tmp_path_factory):
-    if request.param == "this CPU":
-        got, why = cpu_paged.load()
-        if got is None:
-            pytest.skip(f"no C attention kernel here: {why}")
-        return got
-    cc = native_build.compiler()
-    if cc is None:
+@pytest.fixture(scope="module")
+def kernels(tmp_path_factory) -> dict[str, cpu_paged.Kernel]:
+    """The kernel built for each level this CPU runs, lowest first."""
+    if native.compiler() is None:
         pytest.skip("no C compiler")
-    path = tmp_path_factory.mktemp("plain") / "paged-kernels-plain.so"
-    flags = [f for f in native_build.FLAGS if not f.startswith("-march")]
-    subprocess.run([cc, *flags, "-o", str(path), str(cpu_paged.SOURCE)], check=True, timeout=300)
-    got = cpu_paged.bind(ctypes.CDLL(str(path)), path)
-    assert not got.vectorized
+    out = {}
+    for level in LEVELS:
+        path = native.build.build(cpu_paged.SOURCES, tmp_path_factory.mktemp(level), native.cpu.at(level))
+        out[level] = cpu_paged.bind(ctypes.CDLL(str(path)), path)
+    return out
+
+
+@pytest.fixture(scope="module", params=LEVELS)
+def kernel(request, kernels):
+    got = kernels[request.param]
+    assert got.level == request.param and got.vectorized == (request.param != "plain")
     return got
 
 
@@ -62,6 +62,8 @@ def filled_cache(layout: KVLayout, blocks: int, gen: torch.Generator) -> KVCache
     return cache
 
 
+DTYPES16 = (torch.float16, torch.float32)  # a float16 cache, and the same values in float32
+
 # (activations, KV cache): as a model computes, and float32 over llama.cpp's float16 KV
 DTYPES = [
     pytest.param(torch.float32, torch.float32, id="float32"),
@@ -71,7 +73,8 @@ DTYPES = [
 
 
 @pytest.mark.parametrize("dtype, kv_dtype", DTYPES)
-@pytest.mark.parametrize("heads, kv_heads, dim", [(12, 2, 128), (4, 4, 16), (9, 3, 64), (6, 1, 20)])
+# (20, 2, 36): two passes of HEADS_AT_ONCE query heads (8, then 2), a head dim in no whole vectors
+@pytest.mark.parametrize("heads, kv_heads, dim", [(12, 2, 128), (4, 4, 16), (9, 3, 64), (6, 1, 20), (20, 2, 36)])
 @pytest.mark.parametrize("window", [None, 7])
 def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, kv_dtype, heads, kv_heads, dim, window):
     gen = torch.Generator().manual_seed(heads * 100 + dim)
@@ -91,14 +94,45 @@ def test_the_kernel_computes_what_torchs_attention_does(kernel, dtype, kv_dtype,
 
 
 @pytest.mark.parametrize("dtype, kv_dtype", DTYPES)
-@pytest.mark.parametrize("n, positions", [(70, [0, 15, 16, 43, 47, 48, 69]), (600, [1, 255, 256, 300, 511, 512, 599])])
-def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, kv_dtype, n, positions):
+@pytest.mark.parametrize("window", [None, 21])
+def test_every_level_computes_what_the_highest_does(kernels, dtype, kv_dtype, window):
+    """The levels sum in their own orders (paged.h): the last bits differ, never more than the
+    tolerance torch's attention is held to."""
+    if len(kernels) < 2:
+        pytest.skip("this CPU runs one level")
+    gen = torch.Generator().manual_seed(7)
+    heads, kv_heads, dim = 12, 2, 100
+    rows = [(300, 1), (45, 1), (17, 5), (0, 70)]
+    layout = KVLayout(1, kv_heads, dim, kv_dtype)
+    cache = filled_cache(layout, 128, gen)
+    meta = step(rows, tables_for(rows, gen))
+    tokens = meta.slot_mapping.numel()
+    q = torch.randn(tokens, heads, dim, generator=gen).to(dtype)
+    k, v = (torch.randn(tokens, kv_heads, dim, generator=gen).to(dtype) for _ in range(2))
+    *lower, highest = kernels.values()
+    want = CpuPagedAttention(cache, highest).forward(0, q, k, v, meta, dim**-0.5, window)
+    tol = 1e-5 if dtype == torch.float32 else 1.6e-2
+    for kernel in lower:
+        got = CpuPagedAttention(cache, kernel).forward(0, q, k, v, meta, dim**-0.5, window)
+        torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol, msg=lambda m: f"{kernel.level}: {m}")
+
+
+@pytest.mark.parametrize("dtype, kv_dtype", DTYPES)
+# (8, 4, 40): 2 query heads a KV head, which the vector levels take several keys and vectors a pass
+@pytest.mark.parametrize(
+    "n, positions, heads, kv_heads, dim",
+    [
+        (70, [0, 15, 16, 43, 47, 48, 69], 12, 2, 128),
+        (600, [1, 255, 256, 300, 511, 512, 599], 12, 2, 128),
+        (70, [0, 2, 3, 30, 33, 69], 8, 4, 40),
+    ],
+)
+def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, kv_dtype, n, positions, heads, kv_heads, dim):
     """One row of n tokens: prefilled whole, then each token again as a decode row beside rows
     of other widths (up to 1100 keys), as the last of a verifier's 5 checked tokens, and with one
     or two threads. (torch's SDPA fails this at 600 tokens in float32: a prefill's token and the
     same token decoded differ.)"""
     gen = torch.Generator().manual_seed(n)
-    heads, kv_heads, dim = 12, 2, 128
     layout = KVLayout(1, kv_heads, dim, kv_dtype)
     cache = filled_cache(layout, 1200, gen)
     q = torch.randn(n, heads, dim, generator=gen).to(dtype)
@@ -128,6 +162,34 @@ def test_a_query_is_the_same_bits_in_any_step(kernel, dtype, kv_dtype, n, positi
             assert torch.equal(checked, whole[pos]), (dtype, pos, "check")
     finally:
         torch.set_num_threads(threads)
+
+
+# 64: whole vectors; 20: a padded tail (the plain level widens float32 rows of it too)
+@pytest.mark.parametrize("dim", [64, 20])
+def test_a_float16_cache_is_the_same_bits_as_its_values_in_float32(kernel, dim):
+    """float16 K/V widen to float32 exactly, zeros and subnormals too (the plain level widens rows
+    that hold them apart from the others): a float32 cache of the same values gives the same bits."""
+    gen = torch.Generator().manual_seed(dim)
+    rows = [(45, 1), (0, 9)]
+    meta = step(rows, tables_for(rows, gen))
+    tokens, heads, kv_heads = meta.slot_mapping.numel(), 4, 2
+
+    def halves(*shape):  # float16 values, zeros and subnormals in some rows of K and V, not all
+        x = torch.randn(*shape, generator=gen).to(torch.float16).flatten()
+        x[::97] = 0.0
+        x[1::89] = (torch.randn(x[1::89].shape, generator=gen) * 3e-6).to(torch.float16)
+        return x.view(shape)
+
+    assert (halves(1000).abs() < 6.1e-5).any()  # subnormal float16: below 2^-14
+    caches = [KVCache(KVLayout(1, kv_heads, dim, dtype), 32, BLOCK, torch.device("cpu")) for dtype in DTYPES16]
+    for i in range(2):
+        values = halves(*caches[0].k[0].shape)
+        for cache in caches:
+            (cache.k if i == 0 else cache.v)[0].copy_(values)
+    q = torch.randn(tokens, heads, dim, generator=gen)
+    k, v = halves(tokens, kv_heads, dim).float(), halves(tokens, kv_heads, dim).float()
+    f16, f32 = (CpuPagedAttention(c, kernel).forward(0, q, k, v, meta, dim**-0.5, None) for c in caches)
+    assert torch.equal(f16, f32)
 
 
 @pytest.mark.parametrize(

@@ -1,4 +1,6 @@
-"""The GGUF block kernels (engine/native/gguf_kernels.c) against gguf's own dequantization.
+"""The GGUF block kernels (engine/native/gguf/) against gguf's own dequantization, at every CPU
+level this machine can run (plain C, AVX2, AVX512 VNNI: each built for its level, as
+TOKENROUTER_CPU_LEVEL builds it).
 
 Blocks of random bytes are valid blocks of each type (every bit pattern decodes), so they
 exercise every code, scale and high bit. Tolerances:
@@ -6,28 +8,45 @@ exercise every code, scale and high bit. Tolerances:
   int8 per block of 256 or 32 with scale max|x| / 127, times gguf's dequantized weights) to
   within 1e-5 relative: only float32 summation order differs (Q4_1's and Q5_1's too: m times
   x's scale times the sum of x's codes, their min term, is m's share of that product);
-- the AVX512 VNNI path, on the blocks repacked 16 rows at a time, equals the plain one to within
-  1e-5 relative (measured: 2-4e-7);
-- both are within 2% (relative, Frobenius) of x times the dequantized weight in float32: the
+- each level's group kernels, on the blocks repacked 16 rows at a time, equal the plain one to
+  within 1e-5 relative (measured: 2-4e-7), and a row's result is the same bits in a call of any
+  rows; AVX2's are AVX512's bit for bit (the same integer sums, the same fused float steps);
+- all are within 2% (relative, Frobenius) of x times the dequantized weight in float32: the
   int8 rounding of x (measured: 0.5-0.8% on the demo models' layers).
 """
 
 from __future__ import annotations
 
+import ctypes
+
 import numpy as np
 import pytest
 import torch
 
+from tokenrouter.engine import native
 from tokenrouter.engine.quant import gguf_native
 from tokenrouter.engine.quant.gguf_blocks import GGUFBlockLinear, fits
 
 
-@pytest.fixture(scope="module")
-def lib():
-    got, why = gguf_native.load()
-    if got is None:
-        pytest.skip(f"no GGUF kernels here: {why}")
+def built(level: str, folder) -> gguf_native.Library:
+    """The kernels built for `level` into `folder`, as the engine builds them at that level."""
+    if native.compiler() is None:
+        pytest.skip("no C compiler")
+    path = native.build.build(gguf_native.SOURCES, folder, native.cpu.at(level))
+    got = gguf_native.bind(ctypes.CDLL(str(path)), path)
+    assert got.level == level
     return got
+
+
+@pytest.fixture(scope="module")
+def libs(tmp_path_factory):
+    """level -> the kernels built for it, every level this machine runs (built once)."""
+    return {level: built(level, tmp_path_factory.mktemp(level)) for level in native.cpu.runnable()}
+
+
+@pytest.fixture(params=native.cpu.runnable())
+def lib(request, libs):
+    return libs[request.param]
 
 
 def random_blocks(kind: str, n: int, k: int, seed: int) -> torch.Tensor:
@@ -68,14 +87,29 @@ def test_the_block_kernels_compute_llama_cpps_arithmetic(lib, kind, rows):
     plain = gguf_native.matmul(lib, kind, blocks, (n, k), x, bias).double()
     want = llama_cpp_arithmetic(x, w, gguf_native.BLOCKS[kind][0]) + bias.double()
     assert (plain - want).norm() <= 1e-5 * want.norm()
-    if not lib.fast:
-        pytest.skip("this build has no fast path (no AVX512 VNNI)")
     packed = gguf_native.repack(lib, kind, blocks, (n, k))
     fast = gguf_native.matmul(lib, kind, packed, (n, k), x, bias, packed=True).double()
     assert (fast - plain).norm() <= 1e-5 * plain.norm()
     assert ((fast - plain).abs() <= 1e-4 * plain.abs().max()).all()  # every entry, the padded group's too
     exact = (x @ w.t() + bias).double()
     assert (fast - exact).norm() <= 0.02 * exact.norm()
+    for i in range(rows):  # each row alone: the same bits as in the call of all of them
+        alone = gguf_native.matmul(lib, kind, packed, (n, k), x[i : i + 1], bias, packed=True).double()
+        assert torch.equal(alone[0], fast[i])
+
+
+@pytest.mark.skipif("avx2" not in native.cpu.runnable() or "avx512" not in native.cpu.runnable(), reason="AVX512")
+@pytest.mark.parametrize("kind", list(gguf_native.TYPES))
+def test_avx2_computes_avx512s_bits(kind, libs):
+    """The two vector levels run the same integer sums and the same fused float steps per row."""
+    n, k = 40, 1024
+    blocks = random_blocks(kind, n, k, seed=3)
+    x = torch.randn(9, k, generator=torch.Generator().manual_seed(4)) * 3
+    ys = [
+        gguf_native.matmul(lib, kind, gguf_native.repack(lib, kind, blocks, (n, k)), (n, k), x, None, packed=True)
+        for lib in (libs["avx2"], libs["avx512"])
+    ]
+    assert torch.equal(ys[0], ys[1])
 
 
 def test_a_block_layer_takes_bf16_and_float32_inputs_of_any_leading_shape(lib):

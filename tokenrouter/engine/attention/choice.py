@@ -43,7 +43,8 @@ def choose_attention_backend(
 ) -> str:
     """ "flashinfer", "cpu" or "torch". With attention_backend="auto" flashinfer wherever it runs
     (CUDA, float16/bfloat16, the `gpu` extra installed and importable) and the C kernel wherever
-    it runs (CPU, float32/bfloat16, a C compiler, AVX512F); asked for by name, it must run or loading fails."""
+    it runs (CPU, float32/bfloat16, a C compiler; at any CPU level, its plain-C loops included, as
+    only it computes a query alike in every step); asked for by name, it must run or loading fails."""
     return attention_choice(spec, device, dtype, head_dim, kv_dtype).name
 
 
@@ -66,7 +67,7 @@ def attention_choice(
     if spec.attention_backend == "flashinfer":
         raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}")
     if device.type == "cpu":
-        reason = cpu_paged.unsupported_reason(device, dtype, kv_dtype=kv_dtype)
+        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False, kv_dtype=kv_dtype)
         if reason is None:
             return AttentionChoice("cpu")
     elif device.type != "cuda":

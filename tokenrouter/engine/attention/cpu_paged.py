@@ -1,15 +1,17 @@
-"""Paged attention on CPU by tokenrouter's C kernel (`paged_kernels.c`), one query at a time.
+"""Paged attention on CPU by tokenrouter's C kernel (`native/paged_attention/`), one query at a time.
 
 Why a kernel of our own: a query's result must not depend on what else is in the step. torch's
 CPU SDPA tiles by the call's shapes, so a token's attention in a decode step, in a verifier's
 check of k drafts and in a prefill differed in the last bits, and the argmax moved now and then:
 greedy Speculative wrote the target's own answer on 145 of 164 HumanEval problems. The kernel
-sums every query in one fixed order that depends only on that query's own keys (the C file says
+sums every query in one fixed order that depends only on that query's own keys (paged.h says
 which), so a step's tokens are the same bits in any batch, any call width and any thread count.
 
 It reads the paged cache in place through the block tables (no gather of the context), computes
 in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV
-head) pairs. It is built for this CPU on first use (engine/native/build.py); where it cannot be,
+head) pairs. It is built for this CPU's level on first use (engine/native/build.py, cpu.py): vector
+loops with AVX512 or with AVX2, FMA and F16C, each level summing in its own fixed order, else plain C
+(the same rule, slower than torch's SDPA). Where it cannot be built, or has only plain C,
 `attention_backend="auto"` runs torch's backend (torch_paged.py), and the load says why.
 """
 
@@ -26,7 +28,7 @@ from .. import native
 from ..kv import KVCache
 from .backend import AttentionBackend, AttentionMetadata
 
-SOURCE = native.source("paged_kernels.c")
+SOURCES = native.sources("paged_attention")
 DTYPES = (torch.float32, torch.bfloat16)  # what q and the output may be
 KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V may be: the C file's KIND_*
 
@@ -34,8 +36,13 @@ KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V m
 @dataclass(frozen=True)
 class Kernel:
     path: Path
-    vectorized: bool  # built with the AVX512 loops (else plain C: the same rule, slower)
+    level: str  # the CPU level it was built for (native.cpu.LEVELS): its loops, and the last bits of its sums
     attention: Callable[..., int]  # tr_paged_attention, through ctypes
+
+    @property
+    def vectorized(self) -> bool:
+        """Whether it has vector loops (AVX2 or AVX512); plain C keeps the rule but is slower."""
+        return self.level != "plain"
 
     @property
     def address(self) -> int:
@@ -45,15 +52,15 @@ class Kernel:
 
 def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
     """(the kernel, "") or (None, why not): built on first use, then read from the store."""
-    return native.load(SOURCE, bind, home)
+    return native.load(SOURCES, bind, home)
 
 
 def unsupported_reason(
     device: torch.device, dtype: torch.dtype, vectorized: bool = True, kv_dtype: torch.dtype | None = None
 ) -> str | None:
     """Why the kernel cannot serve activations of `dtype` over a KV cache of `kv_dtype` (None: it
-    can). `vectorized`: only with its AVX512 loops (what `attention_backend="auto"` asks: its
-    plain-C loops are slower than torch's SDPA)."""
+    can). `vectorized`: only with vector loops, AVX2 or AVX512 (what `attention_backend="auto"` asks:
+    its plain-C loops are slower than torch's SDPA)."""
     if device.type != "cpu":
         return f"the C attention kernel runs on CPU, not {device.type}"
     if dtype not in DTYPES:
@@ -64,12 +71,12 @@ def unsupported_reason(
     if kernel is None:
         return why
     if vectorized and not kernel.vectorized:
-        return "the C attention kernel has no vector loops for this CPU (no AVX512F): torch's SDPA is faster"
+        return f"the C attention kernel has no vector loops at CPU level {kernel.level}: torch's SDPA is faster"
     return None
 
 
 def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
-    """The kernel's function in a loaded build of SOURCE."""
+    """The kernel's function in a loaded build of SOURCES."""
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p, ctypes.c_float
     fn = lib.tr_paged_attention
     fn.restype = i32
@@ -80,8 +87,8 @@ def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
         *(ptr, ptr, ptr, i64, i64, i32),  # token_row, token_keys, tables, rows, table width, block size
         *(i32, f32, i32),  # window, scale, threads
     ]
-    lib.tr_attention_vectorized.restype = i32
-    return Kernel(path, bool(lib.tr_attention_vectorized()), fn)
+    lib.tr_attention_level.restype = i32
+    return Kernel(path, native.cpu.LEVELS[lib.tr_attention_level()], fn)
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ sum (in double here) and SiLU's exp (tests/engine/model/test_fused_decoder.py st
 tolerance). Every op takes each row alone, so a token's logits are the same bits in a step of
 any rows, which lossless speculation needs.
 
-It serves where every linear of every layer is a GGUF block linear on the kernels' fast path,
+It serves where every linear of every layer is a GGUF block linear (at any CPU level),
 the model computes in float32 on the CPU, and the architecture is one it knows (`ARCHS`); the
 runner falls back to transformers' forward otherwise, and `TOKENROUTER_FUSED_LAYERS=off` does
 so on purpose. With the C attention kernel the layers run as one C call a step (layer_stack.py,
@@ -56,7 +56,7 @@ class FusedDecoder:
         # the final RMSNorm in the head's call where the head is a block linear too (0.13 ms of torch
         # ops a step less on the demo 1.5B); else transformers' norm, then the head
         self.normed_head = None
-        if isinstance(self.head, GGUFBlockLinear) and self.head.packed and self.head.bias is None:
+        if isinstance(self.head, GGUFBlockLinear) and self.head.bias is None:
             norm = self.final_norm
             self.normed_head = FusedLinears([self.head], "store", norm.weight, norm.variance_epsilon)
         self.heads, self.kv_heads = text.num_attention_heads, text.num_key_value_heads
@@ -82,8 +82,8 @@ class FusedDecoder:
         for layer in model.model.layers:
             attn, mlp = layer.self_attn, layer.mlp
             linears = [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj, mlp.gate_proj, mlp.up_proj, mlp.down_proj]
-            if not all(isinstance(m, GGUFBlockLinear) and m.packed for m in linears):
-                return None, "not every linear layer is a GGUF block linear on the kernels' fast path"
+            if not all(isinstance(m, GGUFBlockLinear) for m in linears):
+                return None, "not every linear layer is a GGUF block linear"
             if getattr(attn, "q_norm", None) is not None or getattr(attn, "o_proj").bias is not None:
                 return None, "its attention has a q/k norm or an output bias"
             window = getattr(attn, "sliding_window", None)

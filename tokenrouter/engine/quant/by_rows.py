@@ -3,7 +3,7 @@ weights for steps of up to some rows, a bf16 copy packed for oneDNN for more.
 
 A decode step of a few requests reads every weight once and computes little, so fewer bytes per
 weight win. With torch's int4 kernel, whose work grows with every row, bf16 wins from some 4-8
-rows on. The GGUF block kernels (16 rows of W interleaved, gguf_kernels.c) beat bf16 on this EPYC
+rows on. The GGUF block kernels (16 rows of W interleaved, native/gguf/) beat bf16 on this EPYC
 at every size the probe measures, up to 128 rows (the 1.5B's 8960x1536 layer: 0.11 against 0.40
 ms at one row, 3.3 against 3.8 at 128; benchmarks/results/gguf-blocks/layers.json), so there the
 bf16 copy computes only prefill chunks of more. Holding both costs the bf16 copy's memory on top

@@ -2,11 +2,12 @@
 Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K, as llama.cpp computes them.
 
 The weight keeps the file's bits (4.5 a Q4_K weight, 6.6 a Q6_K one, where torch's int8 kernel
-holds a Q6_K tensor in 8), repacked at load, 16 rows interleaved, where the library has its fast
-path. Each call quantizes its rows of x to int8 per block (a scale per 256 values for the
-K-quants, per 32 for the others) and runs integer dot products: llama.cpp's arithmetic, so its
-results differ from a float32 matmul of the dequantized weights by that rounding of x (about 0.7%
-of the output's norm on the demo models' layers).
+holds a Q6_K tensor in 8), repacked at load, 16 rows interleaved, for the group kernels of this
+CPU's level (AVX512 VNNI, AVX2 or plain C: `engine/native/cpu.py`). Each call quantizes its rows
+of x to int8 per block (a scale per 256 values for the K-quants, per 32 for the others) and runs
+integer dot products: llama.cpp's arithmetic, so its results differ from a float32 matmul of the
+dequantized weights by that rounding of x (about 0.7% of the output's norm on the demo models'
+layers).
 """
 
 from __future__ import annotations
@@ -47,8 +48,7 @@ class GGUFBlockLinear(torch.nn.Module):
             raise ValueError(f"{kind} blocks of a {shape[0]}x{shape[1]} weight: got {got}")
         self.lib, self.kind = lib, kind
         self.out_features, self.in_features = shape
-        self.packed = lib.fast  # the fast path's layout (16 rows interleaved), else the file's own
-        self.blocks = gguf_native.repack(lib, kind, blocks, shape) if self.packed else blocks.contiguous()
+        self.blocks = gguf_native.repack(lib, kind, blocks, shape)  # the group kernels' layout, 16 rows interleaved
         self.bias = None if bias is None else bias.detach().float().contiguous()
         self.weight = torch.empty(*shape, device="meta")
 
@@ -63,9 +63,10 @@ class GGUFBlockLinear(torch.nn.Module):
             (self.out_features, self.in_features),
             flat.contiguous(),
             self.bias,
-            packed=self.packed,
+            packed=True,
         )
         return y.reshape(*x.shape[:-1], self.out_features).to(x.dtype)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, GGUF {self.kind} blocks"
+        shape = f"in_features={self.in_features}, out_features={self.out_features}"
+        return f"{shape}, GGUF {self.kind} blocks ({self.lib.level})"

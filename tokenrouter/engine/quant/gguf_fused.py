@@ -3,7 +3,7 @@
 A decoder layer calls its q, k and v projections on the same normalised x, and its gate and up
 projections on another; around them sit RMSNorm, SiLU times up and two residual adds, a dozen
 small torch ops that cost a quarter of the demo 1.5B's decode step in dispatch alone.
-`tr_gguf_linears` (`engine/native/gguf_kernels.c`) takes a group of weights, normalises x once,
+`tr_gguf_linears` (`engine/native/gguf/linears.c`) takes a group of weights, normalises x once,
 rounds it to int8 once per block format, computes every weight's rows in one parallel region,
 and ends as the layer needs: the outputs side by side ("store"), added into the residual
 ("add"), or SiLU(gate) * up ("silu_mul"). Each output row is computed by the same group kernels
@@ -24,7 +24,7 @@ _ARITY = {"store": range(1, 5), "add": range(1, 2), "silu_mul": range(2, 3)}
 
 
 class FusedLinears:
-    """`layers` (GGUF block linears on their fast path, one input width) against one x, with an
+    """`layers` (GGUF block linears of one input width) against one x, with an
     optional RMSNorm of x first (`norm` weight, `eps`) and the `epilogue`."""
 
     def __init__(
@@ -32,8 +32,6 @@ class FusedLinears:
     ):
         if epilogue not in _ARITY or len(layers) not in _ARITY[epilogue]:
             raise ValueError(f"epilogue {epilogue!r} takes {list(_ARITY.get(epilogue, []))} layers, got {len(layers)}")
-        if not all(layer.packed for layer in layers):
-            raise ValueError("fused GGUF linears need the kernels' fast path (repacked blocks)")
         widths = {layer.in_features for layer in layers}
         if len(widths) != 1:
             raise ValueError(f"fused GGUF linears share one input width, got {sorted(widths)}")

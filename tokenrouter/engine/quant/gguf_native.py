@@ -1,13 +1,16 @@
-"""The GGUF block kernels of `gguf_kernels.c`: compiled for this CPU on first use, kept, and called.
+"""The GGUF block kernels (`engine/native/gguf/`): compiled for this CPU's level on first use, kept, called.
 
 torch's CPU kernels for 4-bit and 8-bit weights dequantize every weight to float before they
-multiply, so a decode step of the demo 1.5B read 23 GB/s where llama.cpp reads 35. The C file
-computes as llama.cpp does (x quantized to int8 per block, integer dot products on the file's own
-blocks' codes, AVX512 VNNI), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K tensors. For
-the fast path each tensor is repacked once at load, 16 rows interleaved (the layout is in the C
-file; the same size give or take 3%), which replaces the file's bytes: no second copy.
+multiply, so a decode step of the demo 1.5B read 23 GB/s where llama.cpp reads 35. The kernels
+(`engine/native/gguf/`) compute as llama.cpp does (x quantized to int8 per block, integer dot
+products on the file's own blocks' codes), for Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K and Q6_K
+tensors. Each tensor is repacked once at load, 16 rows interleaved (the layout is in
+`gguf/repack.c`; the same size give or take 3%), which replaces the file's bytes: no second copy.
+The group kernels over that layout are the CPU level's (`native/cpu.py`): AVX512 VNNI, AVX2, or
+plain C for any other CPU; the plain-C path on the file's own blocks (`matmul(packed=False)`) is
+the reference the tests hold them to.
 
-It is built for this CPU on first use and kept under the store (engine/native/build.py). Without
+It is built for this CPU's level on first use and kept under the store (engine/native/build.py). Without
 a compiler, or where the build fails, `load()` answers None with the reason and the engine keeps
 torch's kernels; `TOKENROUTER_GGUF_KERNELS=off` does the same on purpose.
 """
@@ -25,7 +28,7 @@ import torch
 
 from .. import native
 
-SOURCE = native.source("gguf_kernels.c")
+SOURCES = native.sources("gguf")
 ENV = "TOKENROUTER_GGUF_KERNELS"
 # ggml's type numbers, and (values, bytes) per block
 TYPES = {"Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8, "Q4_K": 12, "Q5_K": 13, "Q6_K": 14}
@@ -55,22 +58,22 @@ SCALES = {
 @dataclass(frozen=True)
 class Library:
     path: Path
-    fast: bool  # built with the AVX512 VNNI kernels on repacked blocks (else plain C only, slow)
+    level: str  # the CPU level its group kernels compute at: "plain", "avx2" or "avx512" (native/cpu.py)
     matmul: Callable[..., int]  # tr_gguf_matmul (plain C, the file's blocks), through ctypes
     packed_bytes: Callable[..., int]  # tr_gguf_packed_bytes
     repack: Callable[..., int]  # tr_gguf_repack
-    matmul_packed: Callable[..., int]  # tr_gguf_matmul_packed (the fast path)
-    linears: Callable[..., int]  # tr_gguf_linears (a layer's fused calls, fast path only)
+    matmul_packed: Callable[..., int]  # tr_gguf_matmul_packed (the level's group kernels)
+    linears: Callable[..., int]  # tr_gguf_linears (a layer's fused calls)
     rope: Callable[..., None]  # tr_rope
     rows: Callable[..., int]  # tr_gguf_rows (a table's rows dequantized: embeddings)
     layers: Callable[..., int]  # tr_decoder_layers (a stack of fused layers in one call)
 
 
-MAX_LINEARS = 4  # the C file's: weights in one tr_gguf_linears call
+MAX_LINEARS = 4  # blocks.h's: weights in one tr_gguf_linears call
 
 
 class LinearsArgs(ctypes.Structure):
-    """One tr_gguf_linears call's weights and epilogue (the C file's TrLinears)."""
+    """One tr_gguf_linears call's weights and epilogue (layers.c's TrLinears)."""
 
     _fields_ = [
         ("count", ctypes.c_int),
@@ -87,7 +90,7 @@ class LinearsArgs(ctypes.Structure):
 
 
 class LayerArgs(ctypes.Structure):
-    """A decoder layer for tr_decoder_layers (the C file's TrLayer): its four weight groups, its
+    """A decoder layer for tr_decoder_layers (layers.c's TrLayer): its four weight groups, its
     K and V caches, its sliding window (0: none)."""
 
     _fields_ = [
@@ -105,10 +108,11 @@ def load(home: str | Path | None = None) -> tuple[Library | None, str]:
     """(the library, "") or (None, why not): built on first use, then read from the store."""
     if os.environ.get(ENV, "").lower() in ("0", "off", "no", "false"):
         return None, f"{ENV}={os.environ[ENV]}"
-    return native.load(SOURCE, _open, home)
+    return native.load(SOURCES, bind, home)
 
 
-def _open(lib: ctypes.CDLL, path: Path) -> Library:
+def bind(lib: ctypes.CDLL, path: Path) -> Library:
+    """The kernels' functions in a loaded build of SOURCES."""
     i64, i32, ptr = ctypes.c_int64, ctypes.c_int, ctypes.c_void_p
     mm = [i32, ptr, i64, i64, ptr, i32, i64, ptr, i32, ptr, i32]
     for name, restype, argtypes in (
@@ -116,7 +120,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         ("tr_gguf_matmul_packed", i32, mm),
         ("tr_gguf_packed_bytes", i64, [i32, i64, i64]),
         ("tr_gguf_repack", i32, [i32, ptr, i64, i64, ptr, i32]),
-        ("tr_fast_path", i32, []),
+        ("tr_level", i32, []),
         ("tr_gguf_linears", i32, [i32, ptr, ptr, ptr, ptr, i64, ptr, i64, ptr, ctypes.c_float, ptr, i64, i32, i32]),
         ("tr_rope", None, [ptr, i64, i64, i32, i32, ptr, ptr]),
         ("tr_gguf_rows", i32, [i32, ptr, i64, i64, ptr, i64, ptr]),
@@ -135,7 +139,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
         fn.restype, fn.argtypes = restype, argtypes
     return Library(
         path,
-        bool(lib.tr_fast_path()),
+        native.cpu.LEVELS[lib.tr_level()],
         lib.tr_gguf_matmul,
         lib.tr_gguf_packed_bytes,
         lib.tr_gguf_repack,
@@ -148,7 +152,7 @@ def _open(lib: ctypes.CDLL, path: Path) -> Library:
 
 
 def repack(lib: Library, kind: str, blocks: torch.Tensor, shape: tuple[int, int]) -> torch.Tensor:
-    """The fast path's layout of a tensor's GGUF blocks (uint8, [rows, bytes a row]): 16 rows
+    """The group kernels' layout of a tensor's GGUF blocks (uint8, [rows, bytes a row]): 16 rows
     interleaved, a flat uint8 tensor, in huge pages where it spans one (native/huge_pages.py)."""
     n, k = shape
     size = lib.packed_bytes(TYPES[kind], n, k)
@@ -191,8 +195,8 @@ def matmul(
 ) -> torch.Tensor:
     """x [M, K] (float32 or bf16, contiguous) times the [N, K] weight whose GGUF blocks are
     `blocks` (uint8, contiguous), plus `bias` (float32); in x's dtype. `packed`: `blocks` is
-    `repack`'s layout and the fast path computes; else the plain-C path on the file's blocks
-    (what the tests hold the fast one to)."""
+    `repack`'s layout and the level's group kernels compute; else the plain-C path on the file's
+    blocks (what the tests hold the group kernels to)."""
     n, k = shape
     m = x.shape[0]
     bf16 = x.dtype == torch.bfloat16

@@ -30,7 +30,7 @@ class PrefixHead(torch.nn.Module):
 
     def __init__(self, head: torch.nn.Module, rows: int):
         super().__init__()
-        if not (isinstance(head, GGUFBlockLinear) and head.packed) and type(head) is not torch.nn.Linear:
+        if not isinstance(head, GGUFBlockLinear) and type(head) is not torch.nn.Linear:
             raise TypeError(f"a {type(head).__name__} head cannot be narrowed (GGUF blocks or a dense Linear can)")
         vocab = head.out_features
         if not 1 <= rows < vocab:
