@@ -320,3 +320,30 @@ def holds_nothing_anywhere(engine) -> bool:
         and not engine.tracker.channels
         and not engine.tracker.requests
     )
+
+
+# What torch's oneDNN raises for a bf16 weight on a CPU without avx512bw/vl/dq or avx_ne_convert
+# (an AVX2 CPU: AMD Zen 1-3, Intel client CPUs), word for word.
+AVX2_BF16_ERROR = (
+    "mkldnn_reorder_linear_weight: bf16 path needs the cpu support avx_ne_convert or avx512bw, avx512vl and avx512dq"
+)
+
+
+def bf16_raises_as_on_an_avx2_cpu(monkeypatch) -> None:
+    """torch's oneDNN bf16 ops raise here as they raise on an AVX2 CPU, whatever this CPU offers
+    (float32 packs as before)."""
+    real = torch.ops.mkldnn._reorder_linear_weight
+
+    def reorder(weight, *args, **kwargs):
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError(AVX2_BF16_ERROR)
+        return real(weight, *args, **kwargs)
+
+    monkeypatch.setattr(torch.ops.mkldnn, "_reorder_linear_weight", reorder)
+
+
+def torch_bf16_runs() -> bool:
+    """Whether torch's oneDNN bf16 linear runs at this CPU level (TOKENROUTER_CPU_LEVEL may pin it off)."""
+    from tokenrouter.engine import native
+
+    return native.cpu.current().torch_bf16 is None

@@ -1,5 +1,6 @@
 """CPU precision: the probe's decision (timings mocked: a machine where bf16 is slow keeps float32,
-one where it is fast takes it), its cache, and the bf16 engine against transformers in bf16.
+one where it is fast takes it), its cache, a CPU where torch's bf16 ops raise (an AVX2 CPU, or
+the level pinned to one), and the bf16 engine against transformers in bf16.
 
 Tolerances: the engine's bf16 prompt log-probabilities are within 0.15 nats of transformers' bf16
 forward on the same model at every position, 0.04 on average (measured: at most 0.08 and 0.02 over
@@ -13,9 +14,26 @@ import anyio
 import pytest
 import torch
 
+from tests.helpers import AVX2_BF16_ERROR, bf16_raises_as_on_an_avx2_cpu, torch_bf16_runs
 from tokenrouter import Engine, ModelSpec, SamplingParams
+from tokenrouter.engine import native
 from tokenrouter.engine.quant import precision, probe
 from tokenrouter.testing import build_tiny_model
+
+pytestmark = pytest.mark.cpu_levels  # at this CPU's level and each lower one (tests/conftest.py)
+
+
+@pytest.fixture
+def needs_torch_bf16(cpu_level):
+    if not torch_bf16_runs():
+        pytest.skip(f"torch's bf16 ops do not run at CPU level {cpu_level}")
+
+
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """A CPU whose level lets torch's bf16 ops run, for the tests whose mocked timings have bf16 fast."""
+    monkeypatch.setattr(native.cpu.CpuLevel, "torch_bf16", property(lambda self: None))
+
 
 FAST = {"float32": {1: 2.56, 4: 2.30, 16: 3.42}, "bfloat16": {1: 0.77, 4: 1.03, 16: 1.53}}  # measured, issue 38
 SLOW = {"float32": {1: 2.56, 4: 2.30, 16: 3.42}, "bfloat16": {1: 512.0, 4: 460.0, 16: 684.0}}  # no native bf16
@@ -30,7 +48,7 @@ def test_bf16_is_chosen_only_where_it_is_clearly_faster_at_every_size():
 
 
 @pytest.mark.parametrize("timings, want", [(SLOW, torch.float32), (FAST, torch.bfloat16)], ids=["slow", "fast"])
-def test_auto_follows_the_probe_and_caches_it(monkeypatch, tmp_path, tokenizer, timings, want):
+def test_auto_follows_the_probe_and_caches_it(monkeypatch, tmp_path, tokenizer, timings, want, needs_torch_bf16):
     """dtype="auto" on CPU loads in what the probe says, measures once per machine and caches it
     under the store home, and says why in one line."""
     monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path / "home"))
@@ -59,6 +77,57 @@ def test_auto_follows_the_probe_and_caches_it(monkeypatch, tmp_path, tokenizer, 
     assert list((tmp_path / "home" / "probes").glob("precision-*.json"))
 
 
+def _answer(path, **spec) -> object:
+    async def main():
+        async with Engine(models={"m": ModelSpec(path=path, kv_cache_tokens=256, **spec)}, num_threads=1) as e:
+            out = await e.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
+            assert len(out.token_ids) == 3 and out.error is None
+            return e.loaded["m"]
+
+    return anyio.run(main)
+
+
+def test_where_torchs_bf16_ops_raise_the_engine_loads_in_float32_and_says_why(monkeypatch, tmp_path, tokenizer):
+    """torch's bf16 ops raising exactly as on an AVX2 CPU: the probe counts bf16 as not available
+    here (never an error), the model loads in float32 and answers, the precision line says why."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv(probe.SIMULATE_ENV, raising=False)  # the real bf16 probe runs, and raises
+    bf16_raises_as_on_an_avx2_cpu(monkeypatch)
+    with pytest.raises(RuntimeError, match="bf16 path needs"):
+        torch.ops.mkldnn._reorder_linear_weight(torch.zeros(4, 4, dtype=torch.bfloat16))
+    assert probe.measure([(64, 64)], threads=1, repeats=1)["bfloat16"] == {}
+    path = build_tiny_model(tmp_path / "m", "qwen2", tokenizer=tokenizer)
+    loaded = _answer(path)
+    why = "bf16 linear raised here: mkldnn" if torch_bf16_runs() else "no bfloat16: torch's bf16 linear needs"  # pinned
+    assert loaded.dtype == torch.float32 and why in loaded.precision, loaded.precision
+    assert f"CPU level {native.cpu.current().level}" in loaded.precision
+    assert not list((tmp_path / "home" / "probes").glob("precision-*.json"))  # nothing kept: measured on each load
+
+
+@pytest.mark.skipif(not native.cpu.current().x86, reason="x86 levels")
+def test_a_level_without_torchs_bf16_never_probes_it(monkeypatch, tmp_path, tokenizer):
+    """Pinned below avx512 (TOKENROUTER_CPU_LEVEL), bf16 counts as absent: never probed, never
+    packed, float32 chosen with the reason; bf16 asked for runs on torch's own kernels."""
+    monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv(native.cpu.ENV, "plain")
+    monkeypatch.setattr(probe, "measure", lambda *a, **k: pytest.fail("bf16 probed where it is refused"))
+    assert "avx512bw" in native.cpu.current().torch_bf16 and not native.cpu.current().native_bf16
+    path = build_tiny_model(tmp_path / "m", "qwen2", tokenizer=tokenizer)
+    loaded = _answer(path)
+    assert loaded.dtype == torch.float32 and "no bfloat16: torch's bf16 linear needs" in loaded.precision
+    assert "CPU level plain (TOKENROUTER_CPU_LEVEL=plain" in loaded.precision, loaded.precision
+    asked = _answer(path, dtype="bfloat16")
+    assert asked.dtype == torch.bfloat16 and asked.linear_kernel == "torch"
+    # bf16 copies compute on oneDNN's bf16: gguf+bf16 holds none here, whatever the rows probe says
+    from transformers import AutoConfig
+
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (3, ROWS_MEASURED))
+    spec = ModelSpec(path=path, quantization="gguf+bf16", dtype="bfloat16")
+    p = precision.resolve_precision(spec, AutoConfig.from_pretrained(path), torch.device("cpu"), 1)
+    assert (p.quantization, p.quantized_rows) == ("gguf", 0) and "no bf16 copies" in p.reason, p.reason
+    assert AVX2_BF16_ERROR.startswith("mkldnn_reorder_linear_weight")
+
+
 def test_a_simulated_cpu_without_native_bf16_keeps_float32(monkeypatch):
     monkeypatch.setenv(probe.SIMULATE_ENV, "no-native-bf16")
     timings = probe.measure([(64, 64)], threads=1, repeats=1)
@@ -67,7 +136,7 @@ def test_a_simulated_cpu_without_native_bf16_keeps_float32(monkeypatch):
     assert probe.simulated(rows) == {**rows, "bfloat16": {1: probe.SLOW_BF16}}
 
 
-def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_path):
+def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_path, bf16_cpu):
     """Without fast bf16: the GGUF block kernels in float32 where the rows probe measured them
     faster than float32 dense at every size, else float32 weights; with it, the probe's kernels."""
     from transformers import AutoConfig
@@ -124,7 +193,7 @@ def test_the_block_kernels_serve_few_rows_only_where_measured_no_slower_than_int
     assert probe.few_kernel(cached) == "blocks" and probe.crossover(cached) == 4
 
 
-def test_gguf_modes_take_the_block_kernels_where_the_probe_picks_them(monkeypatch, tmp_path):
+def test_gguf_modes_take_the_block_kernels_where_the_probe_picks_them(monkeypatch, tmp_path, bf16_cpu):
     from transformers import AutoConfig
 
     path = build_tiny_model(tmp_path / "m", "qwen2")
@@ -159,19 +228,18 @@ def test_the_rows_probe_is_measured_once_and_cached(monkeypatch, tmp_path):
     assert probe.quantized_rows((256, 64), 1, home=tmp_path)[0] == 2 and len(calls) == 1
     assert list((tmp_path / "probes").glob("rows-*.json"))
     timings = real((64, 256), threads=1, repeats=1)  # the real measurement runs: Q4_K by default
-    assert {"int4", "bfloat16"} <= set(timings) <= {"int4", "bfloat16", "blocks"}
-    assert set(timings["bfloat16"]) == set(probe.QUANTIZED_ROWS)
+    dense = {"bfloat16"} if torch_bf16_runs() else set()  # bf16 left out where torch refuses it
+    assert {"int4", *dense} <= set(timings) <= {"int4", "blocks", *dense}
+    assert not dense or set(timings["bfloat16"]) == set(probe.QUANTIZED_ROWS)
     # torch's kernel at every size only where it may serve: no block kernels, or faster at one row
     every = "blocks" not in timings or timings["int4"][1] < timings["blocks"][1]
     assert set(timings["int4"]) == (set(probe.QUANTIZED_ROWS) if every else {1})
     # torch's kernel for any other type is int8 per channel: the one it would compute that type with
-    assert (
-        {"int8", "bfloat16"} <= set(real((64, 64), threads=1, repeats=1, kind="Q8_0")) <= {"int8", "bfloat16", "blocks"}
-    )
+    assert {"int8", *dense} <= set(real((64, 64), threads=1, repeats=1, kind="Q8_0")) <= {"int8", "blocks", *dense}
     assert set(real((64, 64), threads=1, repeats=1, dense="float32")) - {"int8", "blocks"} == {"float32"}
 
 
-def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkeypatch, tmp_path):
+def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkeypatch, tmp_path, bf16_cpu):
     from transformers import AutoConfig
 
     path = build_tiny_model(tmp_path / "m", "qwen2")
@@ -190,7 +258,9 @@ def test_gguf_with_bf16_copies_takes_the_probed_rows_and_falls_back_alike(monkey
     assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
 
 
-def test_gguf_with_bf16_copies_holds_none_where_the_quantized_kernel_wins_at_every_size(monkeypatch, tmp_path):
+def test_gguf_with_bf16_copies_holds_none_where_the_quantized_kernel_wins_at_every_size(
+    monkeypatch, tmp_path, bf16_cpu
+):
     from transformers import AutoConfig
 
     path = build_tiny_model(tmp_path / "m", "qwen2")
@@ -250,10 +320,11 @@ async def _prompt_logprobs_engine(spec, prompt) -> tuple[torch.Tensor, object]:
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_the_bf16_engine_matches_transformers_in_bf16(tmp_path, tokenizer, arch):
+    """On oneDNN's packed kernels, or torch's own where its bf16 ops do not run at this CPU level."""
     path = build_tiny_model(tmp_path / arch, arch, tokenizer=tokenizer)
     prompt = [(7 * i + 3) % 300 + 3 for i in range(40)]
     got, loaded = anyio.run(_prompt_logprobs_engine, ModelSpec(path=path, dtype="bfloat16"), prompt)
-    assert loaded.dtype == torch.bfloat16 and loaded.linear_kernel == "onednn"
+    assert loaded.dtype == torch.bfloat16 and loaded.linear_kernel == ("onednn" if torch_bf16_runs() else "torch")
     want = _prompt_logprobs_hf(path, prompt, torch.bfloat16)
     assert (got - want).abs().max() < 0.15 and (got - want).abs().mean() < 0.04
     exact = _prompt_logprobs_hf(path, prompt, torch.float32)

@@ -29,10 +29,13 @@ import numpy as np
 import pytest
 import torch
 
+from tests.helpers import torch_bf16_runs
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.quant import GGUFTensor, q4k_groups
 from tokenrouter.engine.quant.int4 import Int4Linear
 from tokenrouter.testing import build_tiny_model, quantize_q4k, write_gguf
+
+pytestmark = pytest.mark.cpu_levels  # at this CPU's level and each lower one (tests/conftest.py)
 
 
 @pytest.mark.parametrize("shape", [(8, 256), (48, 512), (130, 768)])
@@ -118,8 +121,10 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(
     from tokenrouter.engine.quant import gguf_native, probe
 
     blocks = kernels.startswith("blocks")
-    if blocks and (gguf_native.load()[0] is None or not gguf_native.load()[0].fast):
-        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    if blocks and gguf_native.load()[0] is None:
+        pytest.skip(f"no GGUF block kernels here: {gguf_native.load()[1]}")
+    if quantization == "gguf+bf16" and not torch_bf16_runs():
+        pytest.skip("bf16 copies need torch's oneDNN bf16, which does not run at this CPU level")
     monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks" if blocks else "int4")
     # the prompt's 40 rows on the bf16 copies (gguf+bf16), whatever this machine's crossover
     monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (8, {}))
@@ -266,8 +271,8 @@ def test_a_prompt_chunked_over_steps_runs_on_the_block_kernels(tmp_path, tokeniz
     from tokenrouter.engine.quant import gguf_native, probe
 
     lib = gguf_native.load()[0]
-    if lib is None or not lib.fast:
-        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    if lib is None:
+        pytest.skip(f"no GGUF block kernels here: {gguf_native.load()[1]}")
     monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks")
     path = build_tiny_model(tmp_path / "m", "qwen2", tokenizer=tokenizer, hidden_size=256, intermediate_size=320)
     write_gguf(path)

@@ -95,6 +95,7 @@ def prepare_linears(
     packing = spec.onednn_linear is not False and onednn.applies(device, dtype)
     if spec.onednn_linear and not packing:
         why = "this torch build has no oneDNN" if not onednn.available() else f"not {dtype} on {device}"
+        why = why if onednn.not_refused(dtype) else native.cpu.current().torch_bf16
         raise ModelLoadError(f"onednn_linear=True for {spec.path}: it needs float32 or bfloat16 on CPU, {why}")
     if precision.quantization in ("gguf", "gguf+bf16"):
         if not (int4.available() and int8_weights.available()):

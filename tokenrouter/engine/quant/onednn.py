@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import native
 from .replace import replace_linears
 
 # oneDNN's kernels for one or two rows are slower here than for four (AVX2, measured per layer and
@@ -33,8 +34,14 @@ def available() -> bool:
 
 
 def applies(device: torch.device, dtype: torch.dtype) -> bool:
-    """oneDNN packing is for float32 and bfloat16 on CPU (float64 keeps torch's path)."""
-    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and available()
+    """oneDNN packing is for float32 and bfloat16 on CPU (float64 keeps torch's path); bfloat16
+    only where torch's oneDNN bf16 ops run at this CPU level (elsewhere they raise)."""
+    return device.type == "cpu" and dtype in (torch.float32, torch.bfloat16) and available() and not_refused(dtype)
+
+
+def not_refused(dtype: torch.dtype) -> bool:
+    """Whether torch runs oneDNN's linear in `dtype` on this CPU (bf16 needs avx512bw/vl/dq or avx_ne_convert)."""
+    return dtype != torch.bfloat16 or native.cpu.current().torch_bf16 is None
 
 
 class PackedLinear(torch.nn.Module):

@@ -29,11 +29,12 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ...config import ModelSpec
+from .. import native
 from . import gguf_native, probe
 
 log = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class Precision:
     quantization: str | None  # "gguf", "gguf+bf16", "int8" or None
     reason: str  # one line: what was chosen and why
     quantized_rows: int = 0  # gguf+bf16: calls of up to this many rows use the quantized weights
-    gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (native/gguf_kernels.c) serve what they take
+    gguf_blocks: bool = False  # gguf modes: the GGUF block kernels (native/gguf/) serve what they take
     kv_dtype: torch.dtype | None = None  # what the KV cache holds, where not `dtype`
 
     @property
@@ -120,15 +121,22 @@ def resolve_precision(
         if stored is not None and dtype != stored:
             log.info("%s: the %s checkpoint computes in %s on %s", spec.path, _name(stored), _name(dtype), device)
         return Precision(dtype, None, reason)
+    chosen = cpu_precision(spec, config, threads, gguf_kind, quantization)
+    return replace(chosen, reason=f"{chosen.reason}; CPU level {native.cpu.current().describe()}")
+
+
+def cpu_precision(
+    spec: ModelSpec, config, threads: int | None, gguf_kind: str | None, quantization: str | None
+) -> Precision:
+    """`resolve_precision` on the CPU, before it names the CPU level."""
     if quantization == "int8":
         return Precision(torch.float32, "int8", "int8 kernels take float32 activations")
     gguf = quantization in GGUF_MODES
     if quantization == "gguf" and spec.dtype == "float32":
         lib, missing = gguf_native.load()
-        if lib is None or not lib.fast:
-            missing = missing or "they have no fast path on this CPU (AVX512 VNNI)"
+        if lib is None:
             return Precision(torch.float32, None, f"float32 weights: the GGUF block kernels are not here: {missing}")
-        return float32_blocks("float32 as asked")
+        return float32_blocks(f"float32 as asked, the GGUF block kernels at CPU level {lib.level}")
     if spec.dtype != "auto" and not (gguf and spec.dtype == "bfloat16"):
         return Precision(DTYPES[spec.dtype], quantization, "as asked")
     threads = threads or torch.get_num_threads()
@@ -155,9 +163,12 @@ def resolve_precision(
     blocks = few == "blocks"
     kernel = "the GGUF block kernels" if blocks else f"torch's {few} kernels"
     most = max(probe.QUANTIZED_ROWS)
-    if quantization == "gguf" or rows >= most:  # no bf16 copies: asked, or they would compute nothing faster
+    refused = native.cpu.current().torch_bf16  # oneDNN's bf16 linear, which bf16 copies compute with
+    if quantization == "gguf" or rows >= most or refused:  # no bf16 copies: asked, no faster, or cannot run
         if quantization == "gguf":
             why = f"{kernel} for the quantized layers"
+        elif refused:
+            why = f"{kernel} at every size, no bf16 copies ({refused})"
         else:
             why = f"{kernel} measured faster than bf16 at every size up to {most} rows: no bf16 copies"
         if blocks and spec.dtype == "auto":  # they take float32 x as fast: nothing between them in bf16

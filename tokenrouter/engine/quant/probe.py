@@ -3,9 +3,12 @@ never assumed.
 
 CPUs of one kind differ from day to day: one with native bf16 (`avx512_bf16`, `amx_bf16`) runs a
 bf16 matmul about 3x faster than float32 (it reads half the bytes and computes natively); one
-without runs it some 200x slower. So `ModelSpec(dtype="auto")` on CPU times the model's own
-largest linear shapes, oneDNN-packed as the engine runs them, at 1, 4 and 16 rows in each dtype,
-and takes bfloat16 only where it is at least `BF16_MIN_SPEEDUP` times faster at every size.
+without runs it some 200x slower, and on one without avx512bw/vl/dq (AVX2 CPUs) torch's oneDNN
+refuses bf16 outright. So `ModelSpec(dtype="auto")` on CPU times the model's own largest linear
+shapes, oneDNN-packed as the engine runs them, at 1, 4 and 16 rows in each dtype, and takes
+bfloat16 only where it is at least `BF16_MIN_SPEEDUP` times faster at every size. Where the CPU
+level says torch's bf16 ops would raise (`native.cpu`), bf16 is not probed at all; an op that
+raises while probing anyway counts as not available here, its reason in the precision line.
 
 Each time is the best of repeated calls (a disturbance only adds time). The answer is cached
 under the store home (`probes/<key>.json`, probe_cache.py), keyed by the CPU's model name, flags
@@ -26,16 +29,18 @@ from pathlib import Path
 
 import torch
 
-from ..native import cpu_identity
+from .. import native
 from . import probe_cache
+from .onednn import not_refused
 
 log = logging.getLogger(__name__)
 
 BF16_MIN_SPEEDUP = 1.3
 ROWS = (1, 4, 16)
 # 2: block kernels beside int4; 3: each copy timed twice; 4: 64, 128 rows; 5: two passes; 6: float32;
-# 7: best of the calls, the load recorded, the blocks of the model's own type; 8: torch's kernel for that type
-PROBE_VERSION = 8
+# 7: best of the calls, the load recorded, the blocks of the model's own type; 8: torch's kernel for that type;
+# 9: the CPU level in the key, blocks at every level, kernels that raise left out
+PROBE_VERSION = 9
 SIMULATE_ENV = "TOKENROUTER_PROBE_SIMULATE"
 SLOW_BF16 = 200.0  # what `no-native-bf16` multiplies the measured bf16 times by
 
@@ -45,7 +50,7 @@ class PrecisionChoice:
     dtype: str  # "float32" or "bfloat16"
     reason: str  # one line: why, from the timings
     timings: dict  # dtype -> rows -> milliseconds per call, summed over the shapes probed
-    source: str  # "measured" or "cache"
+    source: str  # "measured", "cache", or where bf16 cannot run, "cpu level" or "raised" (nothing measured)
     problem: str | None = None  # why the timings are not fully trusted (measured under load, ...), or None
 
     @property
@@ -55,7 +60,9 @@ class PrecisionChoice:
 
 def choose(timings: dict) -> tuple[str, str]:
     """(dtype, reason) from the timings: bfloat16 only where it is at least BF16_MIN_SPEEDUP times
-    faster than float32 at every size probed."""
+    faster than float32 at every size probed (and ran at all)."""
+    if not timings.get("bfloat16"):
+        return "float32", "no bfloat16: torch's bf16 linear raised while probing it on this CPU"
     f32, b16 = timings["float32"], timings["bfloat16"]
     speedups = {int(rows): f32[rows] / b16[rows] for rows in f32}
     shown = ", ".join(f"{s:.2f}x at {r}" for r, s in sorted(speedups.items()))
@@ -76,31 +83,54 @@ def probe_shapes(model: torch.nn.Module, limit: int = 3) -> list[tuple[int, int]
 
 def measure(shapes: list[tuple[int, int]], threads: int, repeats: int = 7) -> dict:
     """Milliseconds per call of oneDNN's packed linear, summed over `shapes`, per dtype and rows
-    (the best of `repeats`, after a warm-up), on `threads` torch threads."""
+    (the best of `repeats`, after a warm-up), on `threads` torch threads. A dtype whose ops raise
+    is left out (torch's bf16 on a CPU without avx512bw/vl/dq), and the error logged."""
+    out: dict = {"float32": {}, "bfloat16": {}}
+    for dtype in (torch.float32, torch.bfloat16):
+        try:
+            out.update(measure_dtype(shapes, threads, dtype, repeats))
+        except RuntimeError as e:
+            if dtype == torch.float32:
+                raise
+            log.warning("the bfloat16 probe raised, so bf16 counts as not available here: %s", e)
+            out["bfloat16"] = {}
+    return simulated(out)
+
+
+def measure_dtype(shapes: list[tuple[int, int]], threads: int, dtype: torch.dtype, repeats: int) -> dict:
+    """{dtype's name: rows -> milliseconds per call, summed over `shapes`}."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
+    times_of: dict = {}
     try:
-        out: dict = {"float32": {}, "bfloat16": {}}
         gen = torch.Generator().manual_seed(0)
         for n, k in shapes:
-            w = torch.randn(n, k, generator=gen) * 0.02
-            for dtype in (torch.float32, torch.bfloat16):
-                packed = torch.ops.mkldnn._reorder_linear_weight(w.to(dtype))
-                for rows in ROWS:
-                    x = torch.randn(rows, k, generator=gen).to(dtype)
-                    for _ in range(2):
-                        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-                    times = []
-                    for _ in range(repeats):
-                        t0 = time.perf_counter()
-                        torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
-                        times.append(time.perf_counter() - t0)
-                    key = str(dtype).removeprefix("torch.")
-                    out[key][rows] = out[key].get(rows, 0.0) + 1e3 * min(times)
-                del packed
+            packed = torch.ops.mkldnn._reorder_linear_weight((torch.randn(n, k, generator=gen) * 0.02).to(dtype))
+            for rows in ROWS:
+                x = torch.randn(rows, k, generator=gen).to(dtype)
+                for _ in range(2):
+                    torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                times = []
+                for _ in range(repeats):
+                    t0 = time.perf_counter()
+                    torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+                    times.append(time.perf_counter() - t0)
+                times_of[rows] = times_of.get(rows, 0.0) + 1e3 * min(times)
+            del packed
     finally:
         torch.set_num_threads(before)
-    return simulated(out)
+    return {str(dtype).removeprefix("torch."): times_of}
+
+
+def bf16_raises() -> str | None:
+    """What torch's oneDNN bf16 linear raises on this CPU (None: it runs), tried on a 16x16 weight."""
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=torch.bfloat16))
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(1, 16, dtype=torch.bfloat16), w, None, "none", [], "")
+    except RuntimeError as e:
+        log.warning("torch's bf16 linear raised, so bf16 counts as not available here: %s", e)
+        return str(e)
+    return None
 
 
 def simulated(timings: dict) -> dict:
@@ -131,9 +161,10 @@ def measure_quantized(
     """Milliseconds per call, per rows in QUANTIZED_ROWS (medians of `repeats` calls or more, after a
     warm-up), on one shape: oneDNN's packed linear in `dense` ("bfloat16" or "float32": what the
     quantized kernels replace, with and without fast bf16), the GGUF block kernels on blocks of
-    `kind` ("blocks") where they built with their fast path, and torch's kernel for that type
-    ("int4" for Q4_K, "int8" for the others: `torch_kernel_for`): at one row where the block
-    kernels are there (all `few_kernel` compares), at every size where it might serve.
+    `kind` ("blocks") where they built, and torch's kernel for that type ("int4" for Q4_K, "int8"
+    for the others: `torch_kernel_for`): at one row where the block kernels are there (all
+    `few_kernel` compares), at every size where it might serve. A kernel whose ops raise here
+    (oneDNN's bf16 on a CPU without avx512bw/vl/dq) is left out of the timings, and said in the log.
 
     Each kernel cycles through copies of its weight that together outsize the CPU's caches, as a
     model's layers do: timed on one copy, a layer the cache holds looks 3-5x faster than a decode
@@ -152,26 +183,55 @@ def measure_quantized(
         gen = torch.Generator().manual_seed(0)
         w = torch.randn(*shape, generator=gen) * 0.02
         copies = lambda bits, budget=WORKING_SET_BYTES: min(64, max(2, -(-budget * 8 // (bits * w.numel()))))  # noqa: E731
+        timing = (shape[1], repeats, gen)
         dtype = getattr(torch, dense)
-        kernels = {dense: [packed_dense(w, dtype) for _ in range(copies(8 * dtype.itemsize))]}
+        kernels = built({dense: lambda: [packed_dense(w, dtype) for _ in range(copies(8 * dtype.itemsize))]})
         lib, _ = gguf_native.load()
         kind = timed_kind(kind, shape)
-        if lib is not None and lib.fast:
+        if lib is not None:
             values, size = gguf_native.BLOCKS[kind]
             blocks = [random_blocks(kind, shape, gen) for _ in range(copies(8 * size // values))]
             kernels["blocks"] = [GGUFBlockLinear(lib, kind, b, shape) for b in blocks]
-        timing = (shape[1], repeats, gen)
-        out = time_kernels(kernels, QUANTIZED_ROWS, *timing)
+        out = timed(kernels, QUANTIZED_ROWS, *timing)
         # torch's kernel for this type (4-bit for Q4_K, int8 per channel for the others): a scout at
         # one row (a working set of 4x this EPYC's 32 MiB cache) ...
         name, bits = torch_kernel_for(kind)
         make = (lambda: Int4Linear.from_dense(w)) if name == "int4" else (lambda: Int8WeightLinear(w))
-        out.update(time_kernels({name: [make() for _ in range(copies(bits, TORCH_SCOUT_BYTES))]}, (1,), *timing))
-        if "blocks" not in out or out[name][1] < out["blocks"][1]:  # ... and every size where it may serve
-            out.update(time_kernels({name: [make() for _ in range(copies(bits))]}, QUANTIZED_ROWS, *timing))
+        scout = built({name: lambda: [make() for _ in range(copies(bits, TORCH_SCOUT_BYTES))]})
+        out.update(timed(scout, (1,), *timing))
+        if name in out and ("blocks" not in out or out[name][1] < out["blocks"][1]):  # ... and where it may serve
+            out.update(timed(built({name: lambda: [make() for _ in range(copies(bits))]}), QUANTIZED_ROWS, *timing))
     finally:
         torch.set_num_threads(before)
     return simulated(out)
+
+
+def built(makers: dict) -> dict:
+    """The kernels `makers` build, those that raise here left out (oneDNN's bf16 packing on a CPU
+    without avx512bw/vl/dq), and logged."""
+    out = {}
+    for name, make in makers.items():
+        if name == "bfloat16" and not not_refused(torch.bfloat16):
+            continue  # the CPU level says it would raise: not tried
+        try:
+            out[name] = make()
+        except RuntimeError as e:
+            log.warning("the %s kernel raised while probing, so it counts as not available here: %s", name, e)
+    return out
+
+
+def timed(kernels: dict, sizes, cols: int, repeats: int, gen: torch.Generator) -> dict:
+    """`time_kernels`, interleaved; where a call raises, each kernel alone, those that raise left out."""
+    try:
+        return time_kernels(kernels, sizes, cols, repeats, gen)
+    except RuntimeError:
+        out = {}
+        for name, ks in kernels.items():
+            try:
+                out.update(time_kernels({name: ks}, sizes, cols, repeats, gen))
+            except RuntimeError as e:
+                log.warning("the %s kernel raised while probing, so it counts as not available here: %s", name, e)
+        return out
 
 
 TORCH_SCOUT_BYTES = 128 << 20
@@ -221,9 +281,12 @@ def random_blocks(kind: str, shape: tuple[int, int], gen: torch.Generator) -> to
 
 def few_kernel(timings: dict) -> str:
     """Which quantized kernel serves steps of few rows: the GGUF block kernels where they were
-    measured no slower than torch's kernel for the type (int4 or int8) at one row, else torch's."""
+    measured no slower than torch's kernel for the type (int4 or int8) at one row (or it did not
+    run), else torch's."""
     name = "int4" if "int4" in timings else "int8"
-    blocks, other = timings.get("blocks"), timings[name]
+    blocks, other = timings.get("blocks"), timings.get(name)
+    if not other:
+        return "blocks"
     one = lambda t: t.get(1, t.get("1"))  # noqa: E731 (keys are strings once cached)
     return "blocks" if blocks and one(blocks) <= one(other) else name
 
@@ -245,6 +308,8 @@ def crossover(timings: dict) -> int:
     their dequantization at every load (the demo 0.5B's Q5_0 blocks run 128 rows 1.09x slower
     than bf16 here: not worth 1 GB)."""
     few = timings[few_kernel(timings)]
+    if not timings.get("bfloat16"):  # bf16 did not run here: the quantized kernels serve every size
+        return max(QUANTIZED_ROWS)
     best = 0
     for rows in sorted(few, key=int):
         if few[rows] >= COPIES_MIN_SPEEDUP * timings["bfloat16"][rows]:
@@ -268,7 +333,7 @@ def quantized_rows(
     info = {
         "version": PROBE_VERSION,
         "kind": "quantized-rows",
-        **cpu_identity(),
+        **native.cpu_identity(),
         **probe_cache.machine(),
         "torch": torch.__version__,
         "threads": threads,
@@ -295,10 +360,17 @@ def precision_for(
     shapes: list[tuple[int, int]], threads: int, home: str | Path | None = None, refresh: bool = False
 ) -> PrecisionChoice:
     """The dtype this machine computes these shapes fastest in: from the cache, else measured now
-    (about a second) and cached."""
+    (about a second) and cached. float32 without a probe where torch's bf16 ops would raise at
+    this CPU level."""
+    refused = native.cpu.current().torch_bf16
+    if refused is not None:
+        return PrecisionChoice("float32", f"no bfloat16: {refused}", {}, "cpu level")
+    raised = bf16_raises()
+    if raised is not None:  # not cached: what raised may run on a later load (another torch)
+        return PrecisionChoice("float32", f"no bfloat16: torch's bf16 linear raised here: {raised}", {}, "raised")
     info = {
         "version": PROBE_VERSION,
-        **cpu_identity(),
+        **native.cpu_identity(),
         **probe_cache.machine(),
         "torch": torch.__version__,
         "threads": threads,
