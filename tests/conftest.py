@@ -21,6 +21,37 @@ pytest_plugins = ["tokenrouter.pytest_plugin"]
 ARCHS = ["llama", "qwen2", "qwen3"]
 
 
+def cpu_levels() -> list[str]:
+    """The CPU levels a `cpu_levels` test runs at: this process's own (TOKENROUTER_CPU_LEVEL's, or
+    the machine's), then every lower one, as a CPU of that level would run it."""
+    from tokenrouter.engine import native
+
+    own = native.cpu.current().level
+    return [own, *reversed(native.cpu.LEVELS[: native.cpu.LEVELS.index(own)])]
+
+
+def pytest_generate_tests(metafunc):
+    """A test marked `cpu_levels` runs once per level of `cpu_levels()` (ids cpu-avx512, cpu-avx2,
+    cpu-plain): the engine's level is pinned for it (TOKENROUTER_CPU_LEVEL), so its kernels,
+    probes and choices are that level's; torch's own kernels stay the process's."""
+    if metafunc.definition.get_closest_marker("cpu_levels"):
+        if "cpu_level" not in metafunc.fixturenames:
+            metafunc.fixturenames.append("cpu_level")
+        levels = cpu_levels()
+        metafunc.parametrize("cpu_level", levels, indirect=True, ids=[f"cpu-{lv}" for lv in levels])
+
+
+@pytest.fixture
+def cpu_level(request, monkeypatch):
+    """The CPU level this test runs at (`cpu_levels` tests: pinned lower than the process's)."""
+    from tokenrouter.engine import native
+
+    level = getattr(request, "param", None) or native.cpu.current().level
+    if level != native.cpu.current().level:
+        monkeypatch.setenv(native.cpu.ENV, level)
+    return level
+
+
 @pytest.fixture(autouse=True)
 def _probes_ignore_the_machines_load(monkeypatch):
     """A probe measured in a test is judged by its timings alone: what else the machine runs while

@@ -1,6 +1,8 @@
 """The real demo pair (Qwen2.5-Coder 0.5B and 1.5B): `Engine()` with no arguments serves it from
-the store under RStitch, and both models write tokens of a coherent answer; every other way of
-naming its models computes as `Engine()` does; GGUFs of every llama.cpp type load.
+the store under RStitch, and both models write tokens of a coherent answer, at this CPU's level
+and each lower one (as an AVX2 or a plain CPU would run it), and where torch's bf16 ops raise as
+on an AVX2 CPU; every other way of naming its models computes as `Engine()` does; GGUFs of every
+llama.cpp type load.
 
 Runs when the pair is in the store (README's main-job command puts it there; or
 `tokenrouter pull demo`), and is skipped otherwise: fetching and converting it takes minutes.
@@ -11,7 +13,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.helpers import wait_all_free
+from tests.helpers import bf16_raises_as_on_an_avx2_cpu, wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single, store
 from tokenrouter.testing.gguf import LLAMA_FTYPES
 
@@ -24,21 +26,38 @@ pytestmark = [
 ]
 
 
-def test_rstitch_on_the_demo_pair_uses_both_models():
+def _rstitch_answer():
     async def main():
         async with Engine(num_threads=2) as engine:
             question = [{"role": "user", "content": "Write a Python function that returns the factorial of n."}]
             out = await engine.generate(question, SamplingParams(temperature=0, max_tokens=40))
             await wait_all_free(engine)
-            return out, engine.stats()
+            return out, engine.stats(), {m: engine.loaded[m].precision for m in engine.loaded}
 
-    out, stats = anyio.run(main)
+    return anyio.run(main)
+
+
+@pytest.mark.cpu_levels
+def test_rstitch_on_the_demo_pair_uses_both_models(cpu_level):
+    out, stats, precisions = _rstitch_answer()
+    assert all(f"CPU level {cpu_level}" in p for p in precisions.values()), precisions
     assert out.finish_reason in ("stop", "length") and out.error is None
     counts = out.tokens_per_model()
     assert counts.get("small", 0) > 0 and counts.get("large", 0) > 0, counts
     assert out.num_handoffs >= 1
     assert "def " in out.text and "factorial" in out.text  # a coherent answer, not noise
     assert stats["large"].handoffs_received >= 1
+
+
+def test_where_torchs_bf16_ops_raise_as_on_an_avx2_cpu_the_demo_pair_answers(monkeypatch):
+    """README's main job on a CPU where torch's bf16 linear raises (an AVX2 CPU: the error word for
+    word): bf16 counts as not available, never as an error, and the pair answers."""
+    monkeypatch.delenv("TOKENROUTER_PROBE_SIMULATE", raising=False)  # the real bf16 probe, which raises
+    bf16_raises_as_on_an_avx2_cpu(monkeypatch)
+    out, _, precisions = _rstitch_answer()
+    assert out.error is None and "def " in out.text and "factorial" in out.text
+    assert out.tokens_per_model().get("large", 0) > 0
+    assert all("bfloat16" not in p.split(" (")[0] for p in precisions.values()), precisions
 
 
 def _large_model(form, tokens: int = 12):

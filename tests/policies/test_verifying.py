@@ -43,19 +43,29 @@ def test_greedy_speculative_equals_the_large_model_alone(tiny_pair, tokenizer, k
         assert set(out.token_models) <= {"small", "large"} and len(out.token_models) == len(out.token_ids)
 
 
+@pytest.mark.cpu_levels
+def test_greedy_speculative_is_the_target_alone_on_the_gguf_block_kernels(tokenizer, monkeypatch, tmp_path):
+    """In the default CPU precision's arithmetic (the GGUF block kernels, float32 between them over
+    a float16 KV cache) the verifier's logits over k + 1 tokens are the target's own decode
+    logits, bit for bit, so greedy Speculative writes the target's output whatever the batching,
+    at every CPU level: the block kernels and the C attention kernel compute each row alone, in an
+    order fixed per level. Against the engine's target alone in the same mode (Hugging Face's
+    arithmetic is other)."""
+    _speculative_is_the_target_alone_on_blocks(tokenizer, monkeypatch, tmp_path, "float32")
+
+
 def test_greedy_speculative_is_the_target_alone_in_bf16_on_the_gguf_block_kernels(tokenizer, monkeypatch, tmp_path):
-    """In the default CPU precision's arithmetic (bf16, the GGUF block kernels) the verifier's
-    logits over k + 1 tokens are the target's own decode logits, bit for bit, so greedy
-    Speculative writes the target's output whatever the batching: the block kernels compute each
-    row alone, and the torch attention pads every row's keys to a multiple of 16 (block_size=8
-    here, so decode rows are padded too). Against the engine's target alone in the same mode
-    (Hugging Face's bf16 is other arithmetic)."""
+    """The same with bf16 between the block kernels (the precision a CPU with fast bf16 may take)."""
+    _speculative_is_the_target_alone_on_blocks(tokenizer, monkeypatch, tmp_path, "bfloat16")
+
+
+def _speculative_is_the_target_alone_on_blocks(tokenizer, monkeypatch, tmp_path, dtype: str) -> None:
     from tokenrouter.engine.quant import gguf_native, probe
     from tokenrouter.testing import build_tiny_model, write_gguf
 
     lib = gguf_native.load()[0]
-    if lib is None or not lib.fast:
-        pytest.skip("the GGUF block kernels have no fast path on this machine")
+    if lib is None:
+        pytest.skip(f"no GGUF block kernels here: {gguf_native.load()[1]}")
     monkeypatch.setattr(probe, "few_kernel", lambda timings: "blocks")  # the probe's pick, forced
     monkeypatch.setenv("TOKENROUTER_HOME", str(tmp_path))
     kw = {
@@ -74,7 +84,7 @@ def test_greedy_speculative_is_the_target_alone_in_bf16_on_the_gguf_block_kernel
     for path in pair.values():
         write_gguf(path)  # Q8_0 blocks: rows of 64 and 128 are no whole 256-blocks
     specs = {
-        n: ModelSpec(path=p, dtype="bfloat16", quantization="gguf", kv_cache_tokens=4096, block_size=8)
+        n: ModelSpec(path=p, dtype=dtype, quantization="gguf", kv_cache_tokens=4096, block_size=8)
         for n, p in pair.items()
     }
     work = _workload(tokenizer, n=12, seed=3)
