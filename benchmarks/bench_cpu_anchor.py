@@ -22,6 +22,15 @@ exactly --max-tokens tokens (EOS ignored, greedy). Tables show medians over --re
 `--simulate-no-bf16` sets TOKENROUTER_PROBE_SIMULATE=no-native-bf16 for the engine (the probe's
 answer on a CPU without native bf16) and adds the precision "auto": what such a machine gets.
 
+Side by side at one CPU level: the engine pinned with TOKENROUTER_CPU_LEVEL (its machine record
+says the level, the CPU's flags and torch's own level), llama.cpp built for the same level and
+run by `--llama-python` in a process of its own (llama_cpp_rounds.py; its build's system info is
+recorded). The AVX2 level on any x86 machine with AVX2:
+
+    python3 -m venv /tmp/llama-avx2 && /tmp/llama-avx2/bin/pip install ../shared/wheels/llama-avx2/*.whl
+    TOKENROUTER_CPU_LEVEL=avx2 python benchmarks/bench_cpu_anchor.py --llama-python /tmp/llama-avx2/bin/python \
+        --precisions auto --all-systems-in auto --json benchmarks/results/cpu-anchor/avx2.json
+
     pip install 'tokenrouter[anchor]'    # llama-cpp-python, built from source (~15 min on 2 cores)
     python benchmarks/bench_cpu_anchor.py --json benchmarks/results/cpu-anchor/anchor.json
 """
@@ -33,9 +42,9 @@ import json
 import os
 import shlex
 import statistics
+import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -43,6 +52,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import anyio
 import torch
 from bench_routing import tasks_workload
+from llama_cpp_rounds import model_round
 
 from tokenrouter import store
 from tokenrouter.api import chat_ids
@@ -88,25 +98,15 @@ def prompts(tokenizer, cfg_workload, count: int) -> list[list[int]]:
     return [chat_ids(tokenizer, s.messages) for s in sessions]
 
 
-def llama_round(llm, requests: list[list[int]], max_tokens: int) -> dict:
-    """One request after another, greedy, exactly max_tokens each: output tok/s and latencies."""
-    latencies, t0 = [], time.perf_counter()
-    for ids in requests:
-        t = time.perf_counter()
-        n = 0
-        for _ in llm.generate(ids, temp=0.0, top_k=1, reset=True):
-            n += 1
-            if n == max_tokens:
-                break
-        latencies.append(time.perf_counter() - t)
-    wall = time.perf_counter() - t0
-    return {"tok_per_s": len(requests) * max_tokens / wall, "wall_s": wall, "latencies_s": latencies}
-
-
-def llama_model_round(Llama, gguf: Path, requests: list[list[int]], max_tokens: int) -> dict:
-    llm = Llama(model_path=str(gguf), n_threads=THREADS, n_ctx=2048, verbose=False, seed=0)
-    llama_round(llm, requests[:1], 8)  # warm-up
-    return llama_round(llm, requests, max_tokens)
+def llama_elsewhere(python: str, gguf: Path, requests: list[list[int]], max_tokens: int) -> dict:
+    """llama.cpp's round under another Python (a llama-cpp-python built for one CPU level), in a
+    process of its own (llama_cpp_rounds.py), on this process's cores (it inherits them)."""
+    job = {"gguf": str(gguf), "requests": requests, "max_tokens": max_tokens, "threads": THREADS}
+    script = Path(__file__).with_name("llama_cpp_rounds.py")
+    done = subprocess.run([python, str(script)], input=json.dumps(job), capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        raise SystemExit(f"{python} {script.name} failed: {done.stderr.strip()[-2000:]}")
+    return json.loads(done.stdout)
 
 
 def in_own_thread(fn):
@@ -220,7 +220,14 @@ def median_table(records: list[dict], llama: list[dict], concurrency: list[int])
 
 
 def main(args) -> None:
-    from llama_cpp import Llama
+    if args.llama_python:
+        run_llama = lambda gguf, requests: llama_elsewhere(args.llama_python, gguf, requests, args.max_tokens)  # noqa: E731
+    else:
+        from llama_cpp import Llama
+
+        run_llama = lambda gguf, requests: in_own_thread(  # noqa: E731
+            lambda: model_round(Llama, str(gguf), requests, args.max_tokens, THREADS)
+        )
 
     if args.simulate_no_bf16:
         os.environ["TOKENROUTER_PROBE_SIMULATE"] = "no-native-bf16"
@@ -235,7 +242,7 @@ def main(args) -> None:
     for r in range(args.repeats):
         requests = prompts(tokenizer, tasks_workload(args.max_tokens), args.min_requests)
         for m in args.llama_models:
-            res = in_own_thread(lambda m=m: llama_model_round(Llama, ggufs[m], requests, args.max_tokens))
+            res = run_llama(ggufs[m], requests)
             llama.append({"model": m, "round": r, **res})
             print(f"round {r + 1}: llama.cpp {m}: {res['tok_per_s']:.1f} tok/s", flush=True)
             release_memory()
@@ -305,6 +312,10 @@ if __name__ == "__main__":
         help="also run the Speculative systems with the small model's head on its first N ids (draft_vocab)",
     )
     p.add_argument("--simulate-no-bf16", action="store_true", help="the probe answers as on a CPU without bf16")
+    p.add_argument(
+        "--llama-python",
+        help="run llama.cpp under this Python (its llama-cpp-python built for one CPU level), in its own process",
+    )
     p.add_argument("--json", help="write every run, the medians and the machine here (after each round)")
     a = p.parse_args()
     pin_cores()

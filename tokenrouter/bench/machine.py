@@ -20,6 +20,21 @@ def _first(path: str, prefix: str) -> str | None:
     return None
 
 
+def cpu_level() -> dict:
+    """The CPU level the engine's kernels ran at (TOKENROUTER_CPU_LEVEL may pin it below the CPU's),
+    the CPU's own flags, and torch's own vector level: a CPU figure is one level's."""
+    from ..engine import cpu_flags, cpu_level, torch_capability
+
+    level = cpu_level()
+    return {
+        "cpu_level": level.level,
+        "cpu_offers": level.offered,
+        "cpu_level_pinned": level.pinned,
+        "torch_cpu_capability": torch_capability(),
+        "cpu_flags": sorted(cpu_flags()),
+    }
+
+
 def machine_info() -> dict:
     import importlib.metadata
 
@@ -37,6 +52,7 @@ def machine_info() -> dict:
         "transformers": transformers.__version__,
         "tokenrouter": importlib.metadata.version("tokenrouter"),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        **cpu_level(),
     }
     try:
         root = Path(__file__).resolve().parents[2]

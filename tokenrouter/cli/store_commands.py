@@ -63,19 +63,22 @@ def models_table(args) -> int:
 
 
 def probes(clear: bool) -> int:
-    from ..engine import clear_probes, list_probes, probe_dir
+    from ..engine import clear_probes, cpu_level, list_probes, probe_dir, torch_capability
 
     if clear:
         n = clear_probes()
         print(f"removed {n} probe(s) from {probe_dir()}; the next load measures again")
         return 0
     records = list_probes()
+    print(f"CPU level: {cpu_level().describe()}; torch's own: {torch_capability()}")
     print(f"probes: {probe_dir()} ({len(records)})")
     for r in records:
         what = r.info.get("shape") or r.info.get("shapes")
         loads = ", ".join("?" if x is None else f"{x:.2f}" for x in r.loads)
         trust = "trusted" if r.problem is None else f"{'kept' if r.trusted else 'to measure again'}: {r.problem}"
-        print(f"{r.path.name}: {r.info.get('kind', 'precision')} on {what}, {r.info.get('threads')} thread(s)")
+        level = r.info.get("cpu_level", "?")
+        kind = r.info.get("kind", "precision")
+        print(f"{r.path.name}: {kind} on {what}, {r.info.get('threads')} thread(s), CPU level {level}")
         print(f"  measured {r.measured_at or '?'}, {r.runs} run(s), other processes' CPU use {loads}; {trust}")
         for kernel, by_rows in r.timings.items():
             print(f"  {kernel:>9}: " + "  ".join(f"{rows}={ms:.3g}ms" for rows, ms in sorted(by_rows.items())))
