@@ -61,7 +61,7 @@ def main(args) -> None:
             print(f"{row['dtype']:8} {name:22} torch {row['torch_us']:8.0f} us  C kernel {row['c_kernel_us']:8.0f} us")
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        result = {"machine": machine_info(), "kernel_vectorized": kernel.vectorized, "rows": out}
+        result = {"machine": machine_info(), "kernel_level": kernel.level, "rows": out}
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
 
 

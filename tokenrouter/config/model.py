@@ -146,8 +146,9 @@ class ModelSpec(BaseModel):
         description="'auto': on CPU with dtype 'auto', a GGUF-backed model (a .gguf path, a store model, a "
         "directory holding a GGUF) runs as 'gguf+bf16' does (its GGUF's blocks where a probe measured them "
         "faster); anything else (no GGUF, a GPU, a dtype asked for) as None. "
-        "'gguf': the weights as the model's GGUF holds them. Where the GGUF block kernels run fast (AVX512 "
-        "VNNI), each quantized tensor is computed from its own blocks as llama.cpp does (Q4_0, Q4_1, Q5_0, Q8_0, "
+        "'gguf': the weights as the model's GGUF holds them. Where the GGUF block kernels (built for this "
+        "CPU's level: AVX512 VNNI, AVX2 or plain C) are measured faster, each quantized tensor is computed from "
+        "its own blocks as llama.cpp does (Q4_0, Q4_1, Q5_0, Q8_0, "
         "Q4_K, Q5_K, Q6_K; other types dequantized), with float32 activations and a float16 KV cache between "
         "them (dtype 'auto' or 'float32'; 'bfloat16' keeps bf16 activations); elsewhere Q4_K tensors 4-bit and "
         "other quantized ones int8 in torch's kernels, computed in bfloat16. Where bfloat16 is not faster on "
@@ -175,9 +176,10 @@ class ModelSpec(BaseModel):
         "auto",
         description="'auto': flashinfer's paged kernels on CUDA in float16/bfloat16 when the `gpu` extra is "
         "installed, imports, and passes its load-time self-test; on CPU tokenrouter's C kernel when it "
-        "builds (a C compiler, AVX512F; float32/bfloat16), whose result for a token is the same bits in any "
-        "step; else torch's (`stats().attention_fallback` says why). 'flashinfer' and 'cpu' require "
-        "theirs (a failure fails the load); 'torch' runs anywhere.",
+        "builds (a C compiler; float32/bfloat16; vector loops at the CPU levels avx2 and avx512, plain C "
+        "below), whose result for a token is the same bits in any step; else torch's "
+        "(`stats().attention_fallback` says why). 'flashinfer' and 'cpu' require theirs (a failure fails the "
+        "load); 'torch' runs anywhere.",
     )
     prefill_backend: Literal["auto", "fa2", "fa3"] = Field(
         "auto",

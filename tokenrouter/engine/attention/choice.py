@@ -57,7 +57,7 @@ def attention_choice(
     if spec.attention_backend == "torch":
         return AttentionChoice("torch")
     if spec.attention_backend == "cpu":
-        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False, kv_dtype=kv_dtype)
+        reason = cpu_paged.unsupported_reason(device, dtype, kv_dtype=kv_dtype)
         if reason is not None:
             raise ModelLoadError(f"attention_backend='cpu' for {spec.path}: {reason}")
         return AttentionChoice("cpu")
@@ -67,7 +67,7 @@ def attention_choice(
     if spec.attention_backend == "flashinfer":
         raise ModelLoadError(f"attention_backend='flashinfer' for {spec.path}: {reason}")
     if device.type == "cpu":
-        reason = cpu_paged.unsupported_reason(device, dtype, vectorized=False, kv_dtype=kv_dtype)
+        reason = cpu_paged.unsupported_reason(device, dtype, kv_dtype=kv_dtype)
         if reason is None:
             return AttentionChoice("cpu")
     elif device.type != "cuda":

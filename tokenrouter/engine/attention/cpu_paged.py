@@ -10,9 +10,10 @@ which), so a step's tokens are the same bits in any batch, any call width and an
 It reads the paged cache in place through the block tables (no gather of the context), computes
 in float32 (q float32 or bf16; K/V float32, bf16 or float16), and splits work over (query, KV
 head) pairs. It is built for this CPU's level on first use (engine/native/build.py, cpu.py): vector
-loops with AVX512 or with AVX2, FMA and F16C, each level summing in its own fixed order, else plain C
-(the same rule, slower than torch's SDPA). Where it cannot be built, or has only plain C,
-`attention_backend="auto"` runs torch's backend (torch_paged.py), and the load says why.
+loops with AVX512 or with AVX2, FMA and F16C, else plain C that the compiler vectorizes, each level
+summing in its own fixed order. `attention_backend="auto"` takes it at every level, as only it
+computes a query alike in every step; where it cannot be built, torch's backend serves
+(torch_paged.py), and the load says why.
 """
 
 from __future__ import annotations
@@ -40,11 +41,6 @@ class Kernel:
     attention: Callable[..., int]  # tr_paged_attention, through ctypes
 
     @property
-    def vectorized(self) -> bool:
-        """Whether it has vector loops (AVX2 or AVX512); plain C keeps the rule but is slower."""
-        return self.level != "plain"
-
-    @property
     def address(self) -> int:
         """tr_paged_attention's address, for C code that calls it (tr_decoder_layers)."""
         return ctypes.cast(self.attention, ctypes.c_void_p).value
@@ -55,12 +51,8 @@ def load(home: str | Path | None = None) -> tuple[Kernel | None, str]:
     return native.load(SOURCES, bind, home)
 
 
-def unsupported_reason(
-    device: torch.device, dtype: torch.dtype, vectorized: bool = True, kv_dtype: torch.dtype | None = None
-) -> str | None:
-    """Why the kernel cannot serve activations of `dtype` over a KV cache of `kv_dtype` (None: it
-    can). `vectorized`: only with vector loops, AVX2 or AVX512 (what `attention_backend="auto"` asks:
-    its plain-C loops are slower than torch's SDPA)."""
+def unsupported_reason(device: torch.device, dtype: torch.dtype, kv_dtype: torch.dtype | None = None) -> str | None:
+    """Why the kernel cannot serve activations of `dtype` over a KV cache of `kv_dtype` (None: it can)."""
     if device.type != "cpu":
         return f"the C attention kernel runs on CPU, not {device.type}"
     if dtype not in DTYPES:
@@ -68,11 +60,7 @@ def unsupported_reason(
     if (kv_dtype or dtype) not in KV_KINDS:
         return f"the C attention kernel reads a float32, bfloat16 or float16 KV cache, not {kv_dtype}"
     kernel, why = load()
-    if kernel is None:
-        return why
-    if vectorized and not kernel.vectorized:
-        return f"the C attention kernel has no vector loops at CPU level {kernel.level}: torch's SDPA is faster"
-    return None
+    return why if kernel is None else None
 
 
 def bind(lib: ctypes.CDLL, path: Path) -> Kernel:

@@ -6,7 +6,7 @@ one file per vector level (`arch/`), and the header they share, compiled togethe
 level's target flags from `cpu.py`: `-march=native` at the CPU's own level, `-march=x86-64-v3`
 style flags at a lower pinned one, and `-DTR_LEVEL=<n>`, which picks the files that compute). The
 key is made of the sources, the compiler, the flags and the CPU, so a library builds once per
-machine kind and level (about a second; a new build replaces the old one of its level). Its OpenMP
+machine kind and level (a few seconds; a new build replaces the old one of its level). Its OpenMP
 is the one torch already loaded (the same `libgomp.so.1`), so its threads are torch's. Where there
 is no compiler or the build fails, `load` answers the reason, and the caller keeps torch's kernels.
 """
