@@ -21,23 +21,27 @@ pytest_plugins = ["tokenrouter.pytest_plugin"]
 ARCHS = ["llama", "qwen2", "qwen3"]
 
 
-def cpu_levels() -> list[str]:
+def cpu_levels(lowest: str = "plain") -> list[str]:
     """The CPU levels a `cpu_levels` test runs at: this process's own (TOKENROUTER_CPU_LEVEL's, or
-    the machine's), then every lower one, as a CPU of that level would run it."""
+    the machine's), then every lower one down to `lowest`, as a CPU of that level would run it."""
     from tokenrouter.engine import native
 
+    levels = native.cpu.LEVELS
     own = native.cpu.current().level
-    return [own, *reversed(native.cpu.LEVELS[: native.cpu.LEVELS.index(own)])]
+    return [own, *(lv for lv in reversed(levels[: levels.index(own)]) if levels.index(lv) >= levels.index(lowest))]
 
 
 def pytest_generate_tests(metafunc):
     """A test marked `cpu_levels` runs once per level of `cpu_levels()` (ids cpu-avx512, cpu-avx2,
     cpu-plain): the engine's level is pinned for it (TOKENROUTER_CPU_LEVEL), so its kernels,
-    probes and choices are that level's; torch's own kernels stay the process's."""
-    if metafunc.definition.get_closest_marker("cpu_levels"):
+    probes and choices are that level's; torch's own kernels stay the process's.
+    `@pytest.mark.cpu_levels(lowest="avx2")` stops above plain (the process's own level runs
+    whatever it is)."""
+    marker = metafunc.definition.get_closest_marker("cpu_levels")
+    if marker:
         if "cpu_level" not in metafunc.fixturenames:
             metafunc.fixturenames.append("cpu_level")
-        levels = cpu_levels()
+        levels = cpu_levels(**marker.kwargs)
         metafunc.parametrize("cpu_level", levels, indirect=True, ids=[f"cpu-{lv}" for lv in levels])
 
 
