@@ -18,6 +18,7 @@ from tokenrouter.autobatch import latency_profile
 from tokenrouter.autobatch.latency_models import LatencyModel, TableLatency, VerifyLatency
 from tokenrouter.autobatch.markov import binomial_pmf, expected_wait, stationary
 from tokenrouter.autobatch.throughput_model import RoutingStats, choose_b, predict, transition_matrix
+from tokenrouter.engine import native
 from tokenrouter.policies import RStitch
 from tokenrouter.testing import kv_blocks_in_use
 
@@ -357,6 +358,17 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
             assert {n: p.source for n, p in again.items()} == {"small": "cache", "large": "cache"}
             assert {n: p.fit for n, p in again.items()} == {n: p.fit for n, p in profiles.items()}
             threads.update({n: p.key for n, p in again.items()})
+            # at a CPU level pinned lower a step runs other kernels: its own profile, not this one
+            level = native.cpu.current().level
+            below = native.cpu.LEVELS[: native.cpu.LEVELS.index(level)]
+            if below:
+                worker = engine.workers["large"]
+                own = await anyio.to_thread.run_sync(worker.call(latency_profile.profile_info).result)
+                with monkeypatch.context() as pin:
+                    pin.setenv(native.cpu.ENV, below[-1])
+                    pinned = await anyio.to_thread.run_sync(worker.call(latency_profile.profile_info).result)
+                assert (own["cpu"]["cpu_level"], pinned["cpu"]["cpu_level"]) == (level, below[-1])
+                assert latency_profile.profile_key(own) != latency_profile.profile_key(pinned)
         # a new engine on the same models reuses the cache too, from the start with "auto"
         async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching="auto") as engine:
             assert {n: p.source for n, p in engine.profiles.items()} == {"small": "cache", "large": "cache"}

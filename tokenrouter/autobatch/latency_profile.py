@@ -23,8 +23,8 @@ with): they keep logits at every position and attend over their new tokens, whic
 table's b * t decode rows need not match (on the demo 1.5B they did, within 3%, once short
 extend rows were batched; with one attention call per row they had cost 40% more). Profiles are
 cached as JSON under the store home, `profiles/<key>.json`, keyed by the model path, dtype,
-device, kernels (linear layers, attention backend, CUDA graph sizes), block size, torch threads
-and the grid, and reused.
+device, kernels (linear layers, attention backend, CUDA graph sizes), on CPU the CPU and its
+level (`native.cpu_identity()`), block size, torch threads and the grid, and reused.
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..engine import native
 from ..files import write_text_atomic
 from .latency_models import LatencyModel, TableLatency, VerifyLatency
 
@@ -174,6 +175,8 @@ def profile_info(
         "cuda_graph_batch_sizes": core.cuda_graph_sizes,
         "block_size": core.spec.block_size,
         "torch_threads": core.torch_threads,
+        # a CPU's level picks the kernels a step runs (native/cpu.py): an AVX2 pin must not plan with AVX512's times
+        "cpu": native.cpu_identity() if loaded.device.type == "cpu" else None,
         "max_num_seqs": core.spec.max_num_seqs,
         "max_num_batched_tokens": core.spec.max_num_batched_tokens,
         "batch_sizes": list(batch_sizes),
