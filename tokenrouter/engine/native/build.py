@@ -1,7 +1,8 @@
 """The engine's C kernels, compiled for this CPU's level on first use and kept under the store.
 
 A kernel library is a folder of C sources (`gguf/`, `paged_attention/`): the plain C reference,
-one file per vector level (`arch/`), and the header they share, compiled together into
+one file per vector level (`arch/`), and the headers they share (their own, and `level.h`:
+the level's macros, shared by every library), compiled together into
 `<home>/kernels/<name>-<level>-<key>.so` with the machine's C compiler (`cc -O3 -fopenmp`, the
 level's target flags from `cpu.py`: `-march=native` at the CPU's own level, `-march=x86-64-v3`
 style flags at a lower pinned one, and `-DTR_LEVEL=<n>`, which picks the files that compute). The
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 
 BASE_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
 HERE = Path(__file__).parent  # the C sources live beside their builder
+SHARED = [HERE / "level.h"]  # what every library includes: the level's macros
 T = TypeVar("T")
 
 _lock = threading.Lock()
@@ -52,7 +54,7 @@ class Sources:
     def text(self) -> str:
         """Every source and header, named: what the build's key is made of."""
         paths = sorted([*self.folder.rglob("*.c"), *self.folder.rglob("*.h")])
-        return "".join(f"// {p.relative_to(self.folder)}\n{p.read_text()}" for p in paths)
+        return "".join(f"// {p.relative_to(self.folder.parent)}\n{p.read_text()}" for p in [*SHARED, *paths])
 
 
 def sources(name: str) -> Sources:

@@ -13,6 +13,7 @@
  *   generic.c        the group kernels in plain C, for any CPU (TR_LEVEL 0)
  *   arch/x86_avx2.c  the group kernels with AVX2 (TR_LEVEL 1): maddubs and madd, 8 rows a vector
  *   arch/x86_avx512.c  with AVX512 VNNI (TR_LEVEL 2): vpdpbusd, 16 rows a vector
+ *   arch/group_kernel.h  the dispatch over type and rows both vector levels include
  *   linears.c        the packed matmul, several weights against one x with a layer's epilogue
  *                    (tr_gguf_linears), the rotary product (tr_rope)
  *   layers.c         a decoder's layers in one call (tr_decoder_layers)
@@ -29,21 +30,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TR_PLAIN 0
-#define TR_AVX2 1
-#define TR_AVX512 2
-#ifndef TR_LEVEL
-#define TR_LEVEL TR_PLAIN
-#endif
-#if TR_LEVEL == TR_AVX512 && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&              \
-                               defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__))
-#error "TR_LEVEL 2 needs AVX512 F, BW, VL and VNNI, F16C and FMA (-march=x86-64-v4 -mavx512vnni)"
-#endif
-#if TR_LEVEL == TR_AVX2 && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#error "TR_LEVEL 1 needs AVX2, FMA and F16C (-march=x86-64-v3)"
-#endif
-
-#define TR_INTERNAL __attribute__((visibility("hidden")))
+#include "../level.h"
 
 enum { /* ggml's type numbers */
        TYPE_Q4_0 = 2,

@@ -46,21 +46,7 @@
 #include <stdint.h>
 #include <string.h>
 
-#define TR_PLAIN 0
-#define TR_AVX2 1
-#define TR_AVX512 2
-#ifndef TR_LEVEL
-#define TR_LEVEL TR_PLAIN
-#endif
-#if TR_LEVEL == TR_AVX512 && !(defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) &&              \
-                               defined(__AVX512VNNI__) && defined(__F16C__) && defined(__FMA__))
-#error "TR_LEVEL 2 needs AVX512 F, BW, VL and VNNI, F16C and FMA (-march=x86-64-v4 -mavx512vnni)"
-#endif
-#if TR_LEVEL == TR_AVX2 && !(defined(__AVX2__) && defined(__FMA__) && defined(__F16C__))
-#error "TR_LEVEL 1 needs AVX2, FMA and F16C (-march=x86-64-v3)"
-#endif
-
-#define TR_INTERNAL __attribute__((visibility("hidden")))
+#include "../level.h"
 
 /* A row of scores is this many floats apart from the next, rounded up: a whole number of vectors
  * at every level, so a block of keys counted from 0 never runs past its row. */
@@ -98,6 +84,13 @@ static inline float f16_to_f32(uint16_t h) { /* exact, as F16C converts; no bran
 }
 
 enum { KIND_F32 = 0, KIND_BF16 = 1, KIND_F16 = 2 }; /* how a tensor's values are stored */
+/* call(..., kind) with the storage kind a constant: a vector level's loops compiled per kind */
+#define BY_KIND(call, ...)                                                                                             \
+    switch (kind) {                                                                                                    \
+    case KIND_F32: call(__VA_ARGS__, KIND_F32); break;                                                                 \
+    case KIND_BF16: call(__VA_ARGS__, KIND_BF16); break;                                                               \
+    default: call(__VA_ARGS__, KIND_F16); break;                                                                       \
+    }
 
 static inline float load1(const void *p, int64_t i, int kind) {
     if (kind == KIND_BF16) return bf16_to_f32(((const uint16_t *)p)[i]);

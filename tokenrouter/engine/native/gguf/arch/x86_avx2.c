@@ -380,24 +380,6 @@ INLINE void group_q32(const int type, const uint8_t *g, const QuantX *x, int64_t
         _mm256_storeu_ps(out + GROUP * i, acc[0][i]), _mm256_storeu_ps(out + GROUP * i + 8, acc[1][i]);
 }
 
-/* One group against `mt` rows of x, `mt` a constant in each copy so the sums stay in registers. */
-TR_INTERNAL void group_kernel(int type, const uint8_t *g, const QuantX *x, int64_t K, int64_t m0, int mt, float *out) {
-    const int ahead = m0 == 0;
-#define ROWS(n)                                                                                                        \
-    case n:                                                                                                            \
-        switch (type) {                                                                                                \
-        case TYPE_Q4_K: group_q45k(TYPE_Q4_K, g, x, K, m0, n, ahead, out); break;                                      \
-        case TYPE_Q5_K: group_q45k(TYPE_Q5_K, g, x, K, m0, n, ahead, out); break;                                      \
-        case TYPE_Q6_K: group_q6k(g, x, K, m0, n, ahead, out); break;                                                  \
-        case TYPE_Q8_0: group_q32(TYPE_Q8_0, g, x, K, m0, n, ahead, out); break;                                       \
-        case TYPE_Q4_0: group_q32(TYPE_Q4_0, g, x, K, m0, n, ahead, out); break;                                       \
-        case TYPE_Q4_1: group_q32(TYPE_Q4_1, g, x, K, m0, n, ahead, out); break;                                       \
-        case TYPE_Q5_0: group_q32(TYPE_Q5_0, g, x, K, m0, n, ahead, out); break;                                       \
-        default: group_q32(TYPE_Q5_1, g, x, K, m0, n, ahead, out); break;                                              \
-        }                                                                                                              \
-        break;
-    switch (mt) { ROWS(1) ROWS(2) ROWS(3) ROWS(4) }
-#undef ROWS
-}
+#include "group_kernel.h" /* the dispatch over type and rows, as every vector level has it */
 
 #endif

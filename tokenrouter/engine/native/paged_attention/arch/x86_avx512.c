@@ -169,12 +169,6 @@ ALWAYS_INLINE void weighted_sum(const int hb, const int ch, const int kind, cons
     }
 }
 
-#define BY_KIND(call, ...)                                                                                             \
-    switch (kind) {                                                                                                    \
-    case KIND_F32: call(__VA_ARGS__, KIND_F32); break;                                                                 \
-    case KIND_BF16: call(__VA_ARGS__, KIND_BF16); break;                                                               \
-    default: call(__VA_ARGS__, KIND_F16); break;                                                                       \
-    }
 /* hb heads (1-8), kind constant */
 #define BY_HEADS(call)                                                                                                 \
     switch (hb) {                                                                                                      \
