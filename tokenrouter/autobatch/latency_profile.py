@@ -24,7 +24,7 @@ table's b * t decode rows need not match (on the demo 1.5B they did, within 3%, 
 extend rows were batched; with one attention call per row they had cost 40% more). Profiles are
 cached as JSON under the store home, `profiles/<key>.json`, keyed by the model path, dtype,
 device, kernels (linear layers, attention backend, CUDA graph sizes), on CPU the CPU and its
-level (`native.cpu_identity()`), block size, torch threads and the grid, and reused.
+level (`engine.cpu_identity()`), block size, torch threads and the grid, and reused.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..engine import native
+from ..engine import cpu_identity
 from ..files import write_text_atomic
 from .latency_models import LatencyModel, TableLatency, VerifyLatency
 
@@ -176,7 +176,7 @@ def profile_info(
         "block_size": core.spec.block_size,
         "torch_threads": core.torch_threads,
         # a CPU's level picks the kernels a step runs (native/cpu.py): an AVX2 pin must not plan with AVX512's times
-        "cpu": native.cpu_identity() if loaded.device.type == "cpu" else None,
+        "cpu": cpu_identity() if loaded.device.type == "cpu" else None,
         "max_num_seqs": core.spec.max_num_seqs,
         "max_num_batched_tokens": core.spec.max_num_batched_tokens,
         "batch_sizes": list(batch_sizes),
