@@ -89,6 +89,7 @@ def build_tiny_model(
     dtype: torch.dtype = torch.float32,
     seed: int = 0,
     logit_scale: float = 1.0,
+    weight_std: float = 0.2,
     tokenizer=None,
     **config_overrides,
 ) -> Path:
@@ -96,6 +97,9 @@ def build_tiny_model(
 
     `logit_scale` multiplies the output head: random weights give near-uniform next-token
     distributions, and a larger scale makes them peaked (low entropy) where tests need it.
+    `weight_std`: the matrices' spread, wider than transformers' init so that the layers matter;
+    at the default 0.2 attention is sharp enough that a last-bit difference upstream can move a
+    layer's output by percents (tests comparing two ways of computing a model use less).
     """
     from transformers import AutoModelForCausalLM, GenerationConfig
 
@@ -110,7 +114,7 @@ def build_tiny_model(
     with torch.no_grad():
         for p in model.parameters():  # wider than the default init, so the layers matter
             if p.dim() > 1:
-                p.normal_(0.0, 0.2)
+                p.normal_(0.0, weight_std)
         model.get_output_embeddings().weight.mul_(logit_scale)
     model.generation_config = GenerationConfig(eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id)
     model.save_pretrained(path)
