@@ -138,7 +138,8 @@ def test_a_simulated_cpu_without_native_bf16_keeps_float32(monkeypatch):
 
 def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_path, bf16_cpu):
     """Without fast bf16: the GGUF block kernels in float32 where the rows probe measured them
-    faster than float32 dense at every size, else float32 weights; with it, the probe's kernels."""
+    faster than float32 dense at every size or at one row (decode), else float32 weights; with it,
+    the probe's kernels."""
     from transformers import AutoConfig
 
     monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(SLOW), SLOW, "x"))
@@ -146,19 +147,24 @@ def test_gguf_mode_falls_back_to_float32_where_bf16_is_slow(monkeypatch, tmp_pat
     config = AutoConfig.from_pretrained(path)
     f32 = dict.fromkeys(probe.QUANTIZED_ROWS, 2.0)
     faster = {**ROWS_MEASURED, "float32": f32, "blocks": dict.fromkeys(probe.QUANTIZED_ROWS, 1.0)}
-    slower_at_most = {**faster, "blocks": {**faster["blocks"], 128: 2.5}}
+    slower_at_most = {**faster, "blocks": {**faster["blocks"], 128: 2.5}}  # the plain C kernels' shape
+    slower_at_one = {**faster, "blocks": {**faster["blocks"], 1: 2.5}}
+    rows_probe = lambda t: lambda shape, threads, kind=None, dense="bfloat16": (0, t)  # noqa: E731
     for quantization in ("gguf", "gguf+bf16"):
         spec = ModelSpec(path=path, quantization=quantization)
-        for timings in ({**ROWS_MEASURED, "float32": f32}, slower_at_most):  # no block kernels; slower at 128 rows
-            monkeypatch.setattr(
-                probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16", t=timings: (0, t)
-            )
+        for timings in ({**ROWS_MEASURED, "float32": f32}, slower_at_one):  # no block kernels; slower at 1 row
+            monkeypatch.setattr(probe, "quantized_rows", rows_probe(timings))
             p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
             assert p.dtype == torch.float32 and p.quantization is None and "falls back to float32" in p.reason
-        monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (0, faster))
-        p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
-        assert (p.dtype, p.kv, p.quantization, p.gguf_blocks) == (torch.float32, torch.float16, "gguf", True)
-        assert "faster than float32 at every size up to 128 rows" in p.reason, p.reason
+        for timings, said in ((faster, "at every size up to 128 rows"), (slower_at_most, "at one row (decode)")):
+            monkeypatch.setattr(probe, "quantized_rows", rows_probe(timings))
+            p = precision.resolve_precision(spec, config, torch.device("cpu"), 1)
+            assert (p.dtype, p.kv, p.quantization, p.gguf_blocks) == (torch.float32, torch.float16, "gguf", True)
+            assert f"faster than float32 {said}" in p.reason, p.reason
+        as_cached = {k: {str(r): v for r, v in t.items()} for k, t in slower_at_most.items()}  # JSON's keys
+        monkeypatch.setattr(probe, "quantized_rows", rows_probe(as_cached))
+        assert precision.resolve_precision(spec, config, torch.device("cpu"), 1).gguf_blocks
+        assert "about 7x the GGUF's memory" in p.reason, p.reason
     fast = probe.PrecisionChoice(*probe.choose(FAST), FAST, "x")
     monkeypatch.setattr(probe, "precision_for", lambda *a, **k: fast)
     monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (2, ROWS_MEASURED))

@@ -16,8 +16,10 @@
   as llama.cpp does (`float32_blocks`; `dtype="bfloat16"` keeps bf16); torch's kernels take
   bfloat16, so around them it computes in bf16. Where bf16 is not the faster dtype (no native
   bf16 on this CPU) `dtype="auto"` takes the block kernels in float32 where a probe measured them
-  faster than float32 dense at every size, and otherwise falls back to float32 with the weights
-  dequantized, and says why: nothing gets slower than float32 would be.
+  faster than float32 dense at every size, or at one row: a generation is mostly decode steps,
+  and float32 weights take several times the GGUF's memory (about 7x for Q4_K: 11 GB for the demo
+  pair), so the plain C kernels serve though they prefill slower than float32 would. Where they
+  lose even at one row it falls back to float32 with the weights dequantized, and says why.
 - `quantization="gguf+bf16"` holds both the GGUF's kernels and dense bf16 weights, and a call
   takes the quantized ones up to the rows where a probe found them faster (`quant/by_rows.py`);
   where the probe found them faster at every size it measures (the GGUF block kernels on an
@@ -147,9 +149,16 @@ def cpu_precision(
             if not gguf:
                 return Precision(choice.torch_dtype, None, choice.reason)
             timings = probe.quantized_rows(shapes[0], threads, kind=gguf_kind, dense="float32")[1]
+            most = max(probe.QUANTIZED_ROWS)
             if probe.blocks_beat_float32(timings):  # no bf16 needed: x reaches them in float32
-                most = max(probe.QUANTIZED_ROWS)
                 why = f"the GGUF block kernels measured faster than float32 at every size up to {most} rows"
+                return float32_blocks(f"{why}; {choice.reason}")
+            if probe.blocks_beat_float32(timings, rows=(1,)):  # decode: the steps a generation is made of
+                why = (
+                    f"the GGUF block kernels measured faster than float32 at one row (decode), slower at up to "
+                    f"{most} (prefill): they serve, as float32 weights would take {float32_growth(gguf_kind)} "
+                    "the GGUF's memory; quantization=None takes float32 weights"
+                )
                 return float32_blocks(f"{why}; {choice.reason}")
             why = f"quantization={quantization!r} falls back to float32 weights: {choice.reason}"
             return Precision(torch.float32, None, why)
@@ -176,6 +185,12 @@ def cpu_precision(
         return Precision(torch.bfloat16, "gguf", f"{why}; bf16 between them; {reason}", gguf_blocks=blocks)
     why = f"{kernel} up to {rows} rows, measured faster than bf16 there; {reason}"
     return Precision(torch.bfloat16, "gguf+bf16", why, quantized_rows=rows, gguf_blocks=blocks)
+
+
+def float32_growth(kind: str | None) -> str:
+    """How many times a GGUF type's memory its weights take as float32 ("about 7x" for Q4_K)."""
+    values, size = gguf_native.BLOCKS.get(kind or "Q4_K", gguf_native.BLOCKS["Q4_K"])
+    return f"about {32 * values / (8 * size):.0f}x"
 
 
 def float32_blocks(why: str) -> Precision:

@@ -294,11 +294,15 @@ def few_kernel(timings: dict) -> str:
     return "blocks" if blocks and one(blocks) <= one(other) else name
 
 
-def blocks_beat_float32(timings: dict) -> bool:
-    """Whether the GGUF block kernels were measured faster than float32 dense at every size: a CPU
-    without fast bf16 then computes a GGUF's layers on them (in float32) rather than dequantized."""
+def blocks_beat_float32(timings: dict, rows=None) -> bool:
+    """Whether the GGUF block kernels were measured faster than float32 dense at every size (or at
+    each of `rows`): a CPU without fast bf16 then computes a GGUF's layers on them (in float32)
+    rather than dequantized."""
     blocks, f32 = timings.get("blocks"), timings.get("float32")
-    return bool(blocks and f32) and all(blocks[r] < f32[r] for r in f32)
+    if not (blocks and f32):
+        return False
+    blocks, f32 = ({int(r): v for r, v in t.items()} for t in (blocks, f32))  # cached JSON keys are strings
+    return all(blocks[r] < f32[r] for r in (rows or f32))
 
 
 COPIES_MIN_SPEEDUP = 1.2
