@@ -37,9 +37,9 @@ def _rstitch_answer():
     return anyio.run(main)
 
 
-# Not at plain below the process's level: there the pair computes dense float32 weights (3 minutes
-# here, a 4.5 GB dense copy written once); `TOKENROUTER_CPU_LEVEL=plain pytest tests/test_real_demo_pair.py`
-# runs it so.
+# Not at plain below the process's level: there the 1.5B computes on the plain C block kernels and
+# the 0.5B from dense float32 weights (about 1.5 minutes here, and a 2 GB dense copy written once);
+# `TOKENROUTER_CPU_LEVEL=plain pytest tests/test_real_demo_pair.py` runs it so.
 @pytest.mark.cpu_levels(lowest="avx2")
 def test_rstitch_on_the_demo_pair_uses_both_models(cpu_level):
     out, stats, precisions = _rstitch_answer()
