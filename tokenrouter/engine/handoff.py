@@ -22,6 +22,7 @@ from .held_requests import HeldRequests
 from .outbox import Outbox, PeerHandOff
 from .role import Role
 from .sequence import Sequence
+from .stop_rule import StopRule
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +45,7 @@ class Routing:
         policy: Policy,
         held: HeldRequests,
         counters: CoreCounters,
-        eos_token_ids: frozenset[int],
+        stop_rule: StopRule,
         embedding: torch.nn.Module | None,
         keep_kv: bool,
         check: Callable[[Sequence, str], None],
@@ -53,7 +54,7 @@ class Routing:
         self.policy = policy
         self.held = held
         self.counters = counters
-        self.eos_token_ids = eos_token_ids
+        self.stop_rule = stop_rule
         self.embedding = embedding
         self.keep_kv = keep_kv
         self.check = check
@@ -164,20 +165,16 @@ class Routing:
         if kept:
             seq.token_ids.append(token)
             seq.stalls = 0
-            req = seq.req
-            stop = (token in self.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
-            full = seq.num_generated >= req.max_tokens
-            if role.drafts:
+            finish = self.stop_rule.finish_reason(seq.req, token, seq.num_generated)
+            if role.drafts:  # the verifier confirms it, and ends the request there if it ends it
                 if record is not None:
                     seq.draft_logprobs[len(seq.token_ids) - 1] = record
-                if stop or full or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
+                if finish or len(seq.token_ids) - seq.num_confirmed >= self.policy.max_draft:
                     target = role.verifier_index
             else:
                 seq.num_confirmed = len(seq.token_ids)
-                if stop:
-                    return held.end(seq, out, "stop", tokens=new, logprobs=logprobs)
-                if full:
-                    return held.end(seq, out, "length", tokens=new, logprobs=logprobs)
+                if finish:
+                    return held.end(seq, out, finish, tokens=new, logprobs=logprobs)
         reported = [] if role.drafts else new
         if not reported:
             logprobs = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from .outbox import Outbox, WorkerEvent
 from .sched import Scheduler
-from .sequence import Sequence
+from .sequence import SeqStatus, Sequence
 
 
 class HeldRequests:
@@ -39,6 +39,15 @@ class HeldRequests:
         self.drop(seq)
         out.releases.append(seq.request_id)
         out.events.append(self.event(seq, list(tokens), logprobs, finish_reason=reason, error=error))
+
+    def end_all(self, out: Outbox, reason: str, error: str | None = None) -> None:
+        """End every request this core owns, everywhere, and drop its pending copies (a pending
+        request's owner is the peer it is at, which ends it there)."""
+        for seq in list(self.seqs.values()):
+            if seq.status is SeqStatus.PENDING:
+                self.drop(seq)
+            else:
+                self.end(seq, out, reason, error)
 
     def event(self, seq: Sequence, tokens: list[int] | None = None, logprobs: list | None = None, **kw) -> WorkerEvent:
         """An event of this model's; the first once the prompt is scored carries its records."""

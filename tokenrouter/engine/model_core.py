@@ -34,6 +34,7 @@ from .role import Role
 from .sched import ScheduledBatch, Scheduler
 from .sequence import Request, SeqStatus, Sequence
 from .step_logits import StepLogits
+from .stop_rule import StopRule
 from .verify import Verification
 
 log = logging.getLogger(__name__)
@@ -123,14 +124,14 @@ class ModelCore:
         self.torch_threads = forward_threads
         self.loaded = loaded
         self._held = held = HeldRequests(self.name, self.seqs, rt.scheduler)
-        eos = loaded.eos_token_ids
+        stop_rule = StopRule(frozenset(loaded.eos_token_ids))
         embedding = loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in self.policy.requires else None
         self._verification = Verification(
-            self.role, self.policy, held, self._logits, rt.blocks, rt.cache, eos, self.counters
+            self.role, self.policy, held, self._logits, rt.blocks, rt.cache, stop_rule, self.counters
         )
         check = self._verification.check  # a verifier's own proposals go to it
         self._routing = Routing(
-            self.role, self.policy, held, self.counters, eos, embedding, self.keep_kv_on_handoff, check
+            self.role, self.policy, held, self.counters, stop_rule, embedding, self.keep_kv_on_handoff, check
         )
         return loaded
 
@@ -230,13 +231,8 @@ class ModelCore:
 
     def end_all(self, reason: str, error: str | None, out: Outbox) -> None:
         """End every request this core owns, and drop its pending copies (the owner ends those)."""
-        for seq in list(self.seqs.values()):
-            owner = seq.status is not SeqStatus.PENDING
-            self.scheduler.remove(seq)
-            if owner:
-                out.releases.append(seq.request_id)  # free its pending copies on the other workers
-                out.events.append(self._held.event(seq, finish_reason=reason, error=error))
-        self.seqs.clear()
+        if self._held is not None:  # None: the model never loaded, so it holds nothing
+            self._held.end_all(out, reason, error)
 
     # ---- the step --------------------------------------------------------------------------
     def step(self) -> Outbox:

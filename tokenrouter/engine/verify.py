@@ -24,6 +24,7 @@ from .outbox import Outbox, WorkerEvent
 from .role import Role
 from .sequence import Sequence
 from .step_logits import StepLogits
+from .stop_rule import StopRule
 
 
 @dataclass
@@ -53,7 +54,7 @@ class Verification:
         logits: StepLogits,
         blocks: BlockManager,
         cache: KVCache,
-        eos_token_ids: frozenset[int],
+        stop_rule: StopRule,
         counters: CoreCounters,
     ):
         self.role = role
@@ -62,7 +63,7 @@ class Verification:
         self.logits = logits
         self.blocks = blocks
         self.cache = cache
-        self.eos_token_ids = eos_token_ids
+        self.stop_rule = stop_rule
         self.counters = counters
 
     def check(self, seq: Sequence, source: str) -> None:
@@ -192,8 +193,8 @@ class Verification:
         if req.params.logprobs is not None:
             records = [seq.draft_logprobs.pop(start + j) for j in range(len(accepted))]
         for j, token in enumerate(accepted):
-            stop = (token in self.eos_token_ids and not req.params.ignore_eos) or token in req.stop_token_ids
-            if stop or start + j + 1 - req.num_prompt_tokens >= req.max_tokens:
+            finish = self.stop_rule.finish_reason(req, token, start + j + 1 - req.num_prompt_tokens)
+            if finish:
                 self.held.drop(seq)
                 out.releases.append(seq.request_id)
                 out.events.append(
@@ -205,7 +206,7 @@ class Verification:
                         logprobs=None if records is None else records[: j + 1],
                     )
                 )
-                out.events.append(self.held.event(seq, finish_reason="stop" if stop else "length"))
+                out.events.append(self.held.event(seq, finish_reason=finish))
                 return True
         if accepted:
             out.events.append(
