@@ -118,6 +118,7 @@ ENGINE_REJECTED = [
     *_bad_values(
         "mode", [(v, "should be 'routed', 'standard' or 'lockstep'") for v in ("fast", "", "ROUTED", None, 0)]
     ),
+    *_bad_values("deterministic", [(v, "valid boolean") for v in (1, "yes", None)]),
     *_bad_values(
         "auto_batching", [(v, "valid dictionary or instance of AutoBatchingOptions") for v in (1, "fast", [1.0])]
     ),
@@ -175,6 +176,7 @@ ENGINE_ACCEPTED = [
     ("batch_wait_s=1e9", {"models": ONE, "batch_wait_s": 1e9}),
     ("stop_timeout=1e-3", {"models": ONE, "stop_timeout": 1e-3}),
     ("stop_timeout=1", {"models": ONE, "stop_timeout": 1}),
+    *[(f"deterministic={v}", {"models": ONE, "deterministic": v}) for v in (True, False)],
     *[(f"mode={v}", {"models": ONE, "mode": v}) for v in ("routed", "standard", "lockstep")],
     ("auto_batching=None", {"models": ONE, "auto_batching": None}),
     ("auto_batching=dict", {"models": ONE, "delayed_batching": "auto", "auto_batching": {"interval_s": 0.5}}),

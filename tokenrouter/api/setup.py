@@ -43,9 +43,19 @@ def plan_engine(
         opts = EngineOptions.model_validate(options, context={"models": list(specs)})
     except ValidationError as e:
         raise ConfigError(first_error(e)) from None
+    if opts.deterministic:
+        specs = {name: deterministic(name, spec) for name, spec in specs.items()}
     placed = [name for name, spec in specs.items() if spec.placement is not None]
     check_placement(placed, opts)
     return EnginePlan(specs, policy, opts, opts.batch_min(list(specs)), placed)
+
+
+def deterministic(name: str, spec: ModelSpec) -> ModelSpec:
+    """`spec` with deterministic=True, checked as if the caller had asked it of that model."""
+    try:
+        return ModelSpec.model_validate({**dict(spec), "deterministic": True})
+    except ValidationError as e:
+        raise ConfigError(f"models[{name!r}]: {first_error(e)}") from None
 
 
 def check_models(models) -> dict[str, ModelSpec]:

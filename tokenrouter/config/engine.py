@@ -10,6 +10,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     field_validator,
@@ -67,6 +68,12 @@ class EngineOptions(BaseModel):
         description="'routed' (this engine), or a baseline that speed is measured against: 'standard' (a hand-off "
         "goes back to the caller and is re-sent as a new request with the whole sequence) or 'lockstep' (one "
         "thread steps each model's batch in turn).",
+    )
+    deterministic: StrictBool = Field(
+        False,
+        description="Every model with ModelSpec(deterministic=True): only kernels whose result for a row is the same "
+        "bits in a step of any size, so a request's tokens never depend on what else is in flight; a model whose "
+        "settings need another kernel is refused, naming the setting (docs/policies.md, 'Same tokens at any load').",
     )
     stop_timeout: Seconds = Field(30.0, gt=0.0, description="The most close() waits for the workers to stop.")
     auto_batching: AutoBatchingOptions | None = Field(

@@ -197,6 +197,18 @@ class ModelSpec(BaseModel):
         "start (sizes 1, 2, 4, 8, then every 8); 0 runs every step eagerly.",
     )
 
+    deterministic: bool = Field(
+        False,
+        strict=True,
+        description="Only kernels whose result for a row is the same bits in a step of any size, so a "
+        "request's tokens never depend on what else is in flight (docs/policies.md, 'Same tokens at any load'): "
+        "tokenrouter's C attention kernel, oneDNN's packed linears or the GGUF's kernels, and no bf16 copies for "
+        "big steps ('auto' resolves as 'gguf' does where it would be 'gguf+bf16'); refused on a GPU (not measured "
+        "there), with torch's or flashinfer's attention, onednn_linear=False, dtype float16 or float64, and "
+        "quantization 'gguf+bf16' or 'int8'. False: the default kernels, which hold it too except where the "
+        "docs say. Engine(deterministic=True) sets it for every model.",
+    )
+
     @field_validator("path", "tokenizer", mode="before")
     @classmethod
     def _not_empty(cls, v):
@@ -259,6 +271,35 @@ class ModelSpec(BaseModel):
                 f"{', '.join(dtypes[:-1])} or {dtypes[-1]}, "
                 f"not device={self.device!r} with dtype={self.dtype!r}"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _deterministic_kernels(self) -> ModelSpec:
+        """deterministic=True with a setting that needs a kernel whose rows depend on the step."""
+        if not self.deterministic:
+            return self
+        conflicts = {
+            "device": (self.device.split(":")[0] != "cpu", "the GPU kernels' batch invariance is not measured"),
+            "attention_backend": (
+                self.attention_backend in ("torch", "flashinfer"),
+                "only tokenrouter's C attention kernel computes a query alike in every step",
+            ),
+            "onednn_linear": (
+                self.onednn_linear is False,
+                "torch's own linear gives a row other bits in a bigger step",
+            ),
+            "dtype": (
+                self.dtype in ("float16", "float64"),
+                "torch's own linear computes it (oneDNN's takes float32 and bfloat16)",
+            ),
+            "quantization": (
+                self.quantization in ("gguf+bf16", "int8"),
+                "'gguf+bf16' switches kernels by the step's rows; 'int8' scales each step's activations as one",
+            ),
+        }
+        for name, (bad, why) in conflicts.items():
+            if bad:
+                raise ValueError(f"deterministic=True with {name}={getattr(self, name)!r}: {why}")
         return self
 
     @classmethod

@@ -344,3 +344,20 @@ def test_the_block_kernels_are_weighed_against_torchs_kernel_for_the_models_type
     q8 = {"bfloat16": {1: 2.0}, "int8": {1: 0.9}, "blocks": {1: 0.8}}
     assert probe.few_kernel(q8) == "blocks"
     assert probe.few_kernel({**q8, "int8": {1: 0.5}}) == "int8"
+
+
+def test_deterministic_holds_no_bf16_copies_where_auto_would(monkeypatch, tmp_path, bf16_cpu):
+    """With bf16 fast and the rows probe finding bf16 copies faster for big steps, "auto" holds
+    them (a second kernel by the step's rows); deterministic=True resolves as "gguf": one kernel
+    at every size."""
+    from transformers import AutoConfig
+
+    path = build_tiny_model(tmp_path / "m", "qwen2")
+    config = AutoConfig.from_pretrained(path)
+    monkeypatch.setattr(probe, "quantized_rows", lambda shape, threads, kind=None, dense="bfloat16": (2, ROWS_MEASURED))
+    monkeypatch.setattr(probe, "precision_for", lambda *a, **k: probe.PrecisionChoice(*probe.choose(FAST), FAST, "x"))
+    cpu = torch.device("cpu")
+    auto = precision.resolve_precision(ModelSpec(path=path), config, cpu, 1, gguf_kind="Q4_K")
+    assert (auto.quantization, auto.quantized_rows) == ("gguf+bf16", 2)
+    held = precision.resolve_precision(ModelSpec(path=path, deterministic=True), config, cpu, 1, gguf_kind="Q4_K")
+    assert held.quantization == "gguf" and not held.quantized_rows, held

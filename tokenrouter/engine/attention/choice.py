@@ -56,10 +56,11 @@ def attention_choice(
     float16, as llama.cpp does)."""
     if spec.attention_backend == "torch":
         return AttentionChoice("torch")
-    if spec.attention_backend == "cpu":
+    if spec.attention_backend == "cpu" or spec.deterministic:  # only it computes a query alike in any step
         reason = cpu_paged.unsupported_reason(device, dtype, kv_dtype=kv_dtype)
         if reason is not None:
-            raise ModelLoadError(f"attention_backend='cpu' for {spec.path}: {reason}")
+            asked = "attention_backend='cpu'" if spec.attention_backend == "cpu" else "deterministic=True"
+            raise ModelLoadError(f"{asked} for {spec.path}: tokenrouter's C attention kernel: {reason}")
         return AttentionChoice("cpu")
     reason = unsupported_reason(device, dtype, head_dim)
     if reason is None:

@@ -93,10 +93,11 @@ def prepare_linears(
     what they run on, e.g. "int4+int8+onednn" ("torch" where nothing was swapped)."""
     dtype = precision.dtype
     packing = spec.onednn_linear is not False and onednn.applies(device, dtype)
-    if spec.onednn_linear and not packing:
+    if (spec.onednn_linear or spec.deterministic) and not packing:
         why = "this torch build has no oneDNN" if not onednn.available() else f"not {dtype} on {device}"
         why = why if onednn.not_refused(dtype) else native.cpu.current().torch_bf16
-        raise ModelLoadError(f"onednn_linear=True for {spec.path}: it needs float32 or bfloat16 on CPU, {why}")
+        asked = "onednn_linear=True" if spec.onednn_linear else "deterministic=True (oneDNN's packed linears)"
+        raise ModelLoadError(f"{asked} for {spec.path}: it needs float32 or bfloat16 on CPU, {why}")
     if precision.quantization in ("gguf", "gguf+bf16"):
         if not (int4.available() and int8_weights.available()):
             raise ModelLoadError(

@@ -103,10 +103,13 @@ def _name(dtype: torch.dtype) -> str:
 
 def asked_quantization(spec: ModelSpec, device: torch.device, gguf: bool) -> str | None:
     """What `spec.quantization` means for this checkpoint (`gguf`: it has a GGUF) on this device:
-    "auto" becomes "gguf+bf16" for a GGUF-backed model on CPU with dtype "auto", else None."""
+    "auto" becomes "gguf+bf16" for a GGUF-backed model on CPU with dtype "auto" ("gguf" where
+    `deterministic`: no bf16 copies for big steps), else None."""
     if spec.quantization != "auto":
         return spec.quantization
-    return "gguf+bf16" if gguf and device.type == "cpu" and spec.dtype == "auto" else None
+    if gguf and device.type == "cpu" and spec.dtype == "auto":
+        return "gguf" if spec.deterministic else "gguf+bf16"
+    return None
 
 
 def resolve_precision(
