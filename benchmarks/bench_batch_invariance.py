@@ -7,8 +7,14 @@ alone. In float32 the engine met that on all 164 HumanEval problems; in bf16 (th
 it did not until the block kernels served every step and attention padded every row's keys to a
 multiple of 16 (docs/evaluation.md). The checks, 2 threads, on this machine:
 
-1. Each CPU linear kernel (`engine/quant/`): row 0 of a call of M rows against a call of
-   row 0 alone, at the demo 1.5B's MLP shape (1536 -> 8960), bf16 activations.
+1. Each CPU linear kernel (`engine/quant/`): row 0 of a call of M rows (1 to 300) against a
+   call of row 0 alone, at the demo pair's MLP and head shapes, on 1 and 2 threads: oneDNN's
+   packed linear and torch's own in float32 and bf16, torch's int4 and int8 kernels (bf16
+   activations), the GGUF block kernels. `--linears` runs only this (docs/policies.md, "Same
+   tokens at any load"):
+
+       python benchmarks/bench_batch_invariance.py --linears \
+           --json benchmarks/results/batch-invariance/linears.json
 2. The attention call (`grouped_sdpa`, SDPA on the demo 1.5B's heads, one query row as in a
    decode step, bf16): a context of c keys padded with masked keys to width W. A decode step
    pads every row to the batch's widest block table, so W depends on the batch; the torch
@@ -53,33 +59,44 @@ from tokenrouter.policies import Speculative
 from tokenrouter.store import ensure_model
 from tokenrouter.testing.paged_steps import consecutive_tables, step_metadata
 
-ROWS = (1, 2, 4, 5, 8, 16, 17, 32, 64)
+ROWS = (1, 2, 3, 4, 5, 8, 16, 17, 32, 64, 128, 300)
+SHAPES = ((1536, 8960), (8960, 1536), (896, 4864), (1536, 151936))  # (in, out): the demo pair's MLP and head
 
 
-def linear_kernels() -> dict:
-    """For each kernel, the call sizes M at which row 0 differs from row 0 computed alone."""
-    torch.manual_seed(0)
-    k, n = 1536, 8960
-    w = torch.randn(n, k) * 0.02
-    dense = torch.nn.Linear(k, n, bias=False)
-    dense.weight.data = w.to(torch.bfloat16)
-    kernels = {
-        "int4 (_weight_int4pack_mm_for_cpu)": int4.Int4Linear.from_dense(w),
-        "int8 (_weight_int8pack_mm)": int8_weights.Int8WeightLinear.from_rows(n, k, lambda a, b: w[a:b], None),
-        "bf16, oneDNN packed": onednn.PackedLinear(dense),
-        "bf16, torch's linear": dense,
-    }
+def linear_kernels(threads: tuple[int, ...] = (1, 2)) -> dict:
+    """For each kernel, shape and thread count, the call sizes M at which row 0 differs from row 0
+    computed alone (bf16 activations for torch's quantized kernels, as they serve)."""
+    out: dict = {}
     lib = gguf_native.load()[0]
-    if lib is not None:
-        blocks = probe.random_blocks("Q4_K", (n, k), torch.Generator().manual_seed(0))
-        kernels["GGUF block kernels (Q4_K)"] = GGUFBlockLinear(lib, "Q4_K", blocks, (n, k))
-    x = torch.randn(max(ROWS), k).to(torch.bfloat16)
-    out = {}
-    with torch.inference_mode():
-        for name, kernel in kernels.items():
-            alone = kernel(x[:1])
-            out[name] = [m for m in ROWS if not torch.equal(kernel(x[:m])[:1], alone)]
-            print(f"{name:36s} row 0 differs at M = {out[name]}")
+    for k, n in SHAPES:
+        gen = torch.Generator().manual_seed(0)
+        w = torch.randn(n, k, generator=gen) * 0.02
+        x = torch.randn(max(ROWS), k, generator=gen)
+        kernels = {
+            "int4 (_weight_int4pack_mm_for_cpu)": (int4.Int4Linear.from_dense(w), torch.bfloat16),
+            "int8 (_weight_int8pack_mm)": (int8_weights.Int8WeightLinear(w), torch.bfloat16),
+        }
+        for dtype in (torch.float32, torch.bfloat16):
+            if not onednn.not_refused(dtype):
+                continue  # torch's bf16 linear raises on this CPU
+            dense = torch.nn.Linear(k, n, bias=False)
+            dense.weight.data = w.to(dtype)
+            name = str(dtype).removeprefix("torch.")
+            kernels[f"{name}, oneDNN packed"] = (onednn.PackedLinear(dense), dtype)
+            kernels[f"{name}, torch's linear"] = (dense, dtype)
+        if lib is not None and k % 256 == 0:
+            blocks = probe.random_blocks("Q4_K", (n, k), gen)
+            kernels["GGUF block kernels (Q4_K)"] = (GGUFBlockLinear(lib, "Q4_K", blocks, (n, k)), torch.float32)
+        for t in threads:
+            torch.set_num_threads(t)
+            with torch.inference_mode():
+                for name, (kernel, dtype) in kernels.items():
+                    xs = x.to(dtype)
+                    alone = kernel(xs[:1])
+                    differ = [m for m in ROWS if not torch.equal(kernel(xs[:m])[:1], alone)]
+                    out[f"{name}, {k}->{n}, {t} thread(s)"] = differ
+                    print(f"{name:36s} {k:5d}->{n:6d} {t} thread(s): row 0 differs at M = {differ}", flush=True)
+    torch.set_num_threads(2)
     return out
 
 
@@ -242,6 +259,10 @@ def main(args) -> None:
     results = {
         "meta": {"machine": machine_info(), "threads": 2, "torch": torch.__version__},
         "linear_rows_that_differ": linear_kernels(),
+    }
+    if args.linears:
+        return write(results, args.json)
+    results |= {
         "attention_padded_width": attention_widths(),
         "c_kernel_attention": c_kernel_steps(),
         "decode_against_extend": {
@@ -252,13 +273,18 @@ def main(args) -> None:
         results["speculative_against_large"] = {
             q: speculative_against_large(q, args.speculative) for q in ("gguf+bf16", "gguf")
         }
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    write(results, args.json)
+
+
+def write(results: dict, path: str | None) -> None:
+    if path:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        Path(path).write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--speculative", type=int, default=0, metavar="N", help="also Speculative(4) on N prompts")
+    parser.add_argument("--linears", action="store_true", help="only the linear kernels (1.)")
     main(parser.parse_args())

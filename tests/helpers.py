@@ -347,3 +347,21 @@ def torch_bf16_runs() -> bool:
     from tokenrouter.engine import native
 
     return native.cpu.current().torch_bf16 is None
+
+
+def token_signature(out) -> tuple[list[int], list[tuple[str, float]]]:
+    """A finished request's tokens, and per token the model that wrote it and its logprob's exact
+    value (the request must ask `logprobs`): a logit that moved by one bit shows."""
+    return out.token_ids, [(record.model, record.logprob) for record in out.logprobs]
+
+
+def moved_under_load(alone: list, loaded: list) -> list[int]:
+    """The requests whose `token_signature`s differ: another token, or another logprob for a token
+    the same model wrote in both runs. (Under `Speculative(k="auto")` how far the draft model
+    drafts depends on the load, so an accepted draft, with the draft's logprob, in one run may be
+    the target's own token, with its logprob, in the other: the same token.)"""
+
+    def differ(a, b) -> bool:
+        return a[0] != b[0] or any(x[0] == y[0] and x[1] != y[1] for x, y in zip(a[1], b[1]))
+
+    return [i for i, (a, b) in enumerate(zip(alone, loaded)) if differ(a, b)]

@@ -13,8 +13,9 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from tests.helpers import bf16_raises_as_on_an_avx2_cpu, wait_all_free
+from tests.helpers import bf16_raises_as_on_an_avx2_cpu, moved_under_load, token_signature, wait_all_free
 from tokenrouter import Engine, ModelSpec, SamplingParams, Single, store
+from tokenrouter.policies import RStitch
 from tokenrouter.testing.gguf import LLAMA_FTYPES
 
 pytestmark = [
@@ -61,6 +62,54 @@ def test_where_torchs_bf16_ops_raise_as_on_an_avx2_cpu_the_demo_pair_answers(mon
     assert out.error is None and "def " in out.text and "factorial" in out.text
     assert out.tokens_per_model().get("large", 0) > 0
     assert all("bfloat16" not in p.split(" (")[0] for p in precisions.values()), precisions
+
+
+QUESTIONS = [  # short coding questions, as completions: alone, then among as many others
+    "def add(a, b):",
+    "# Reverse a string in Python\n",
+    'def is_even(n):\n    """Return True if n is even."""',
+    "import os\n\ndef list_files(path):",
+    "class Stack:\n    def __init__(self):",
+    "def fibonacci(n):\n    # iterative",
+    "# Sort a list of tuples by their second item\n",
+    "def count_words(text):",
+    'def merge_dicts(a, b):\n    """Merge b into a copy of a."""',
+    "SELECT name FROM users WHERE",
+    "def binary_search(items, target):",
+    "async def fetch(url):",
+]
+OTHERS = [f"# {i + 1}: another task\n" * (1 + i % 4) + q for i, q in enumerate(reversed(QUESTIONS))]
+
+
+@pytest.mark.parametrize("policy", ["single", "rstitch", "bild", "speculative"])
+def test_every_request_writes_its_own_tokens_among_others_on_the_demo_pair(policy):
+    """Same tokens at any load (docs/policies.md): 12 greedy requests alone, one at a time, then
+    the same 12 among 12 others of other lengths (24 in flight), under a policy of each kind; every
+    request's tokens and their logprobs' bits are the same."""
+    from tests.test_same_tokens_at_any_load import POLICIES
+
+    make = {"rstitch": lambda: RStitch(tau=0.03), **{k: v for k, v in POLICIES.items() if k != "rstitch"}}[policy]
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(temperature=0, max_tokens=8 + 4 * (i >= 12) * (i % 3), ignore_eos=True, logprobs=1)
+
+    async def main():
+        async with Engine(policy=make(), num_threads=2) as engine:
+            alone = [token_signature(await engine.generate(q, params(i))) for i, q in enumerate(QUESTIONS)]
+            loaded: list = [None] * (2 * len(QUESTIONS))
+
+            async def one(i: int, prompt: str) -> None:
+                loaded[i] = token_signature(await engine.generate(prompt, params(i)))
+
+            async with anyio.create_task_group() as tg:
+                for i, prompt in enumerate(QUESTIONS + OTHERS):
+                    tg.start_soon(one, i, prompt)
+            await wait_all_free(engine)
+            return alone, loaded[: len(QUESTIONS)], engine.stats()
+
+    alone, loaded, stats = anyio.run(main)
+    assert moved_under_load(alone, loaded) == []
+    assert max(max(s.batch_size_histogram) for s in stats.values()) > 1  # they did share steps
 
 
 def _large_model(form, tokens: int = 12):
