@@ -76,9 +76,10 @@ MUTATIONS = [
     Mutation(
         "dead-worker-keeps-peer-kv",
         "a dying worker's requests fail with the cause and free their KV on the other workers",
-        "tokenrouter/engine/model_core.py",
-        "                out.releases.append(seq.request_id)  # free its pending copies on the other workers\n",
-        "",
+        "tokenrouter/engine/held_requests.py",
+        "            else:\n                self.end(seq, out, reason, error)\n",
+        "            else:\n                self.drop(seq)\n"
+        "                out.events.append(self.event(seq, finish_reason=reason, error=error))\n",
         ("tests/test_faults.py", "-k", "dead_worker"),
     ),
     Mutation(
