@@ -91,7 +91,7 @@ def test_every_request_writes_its_own_tokens_among_others_on_the_demo_pair(polic
     make = {"rstitch": lambda: RStitch(tau=0.03), **{k: v for k, v in POLICIES.items() if k != "rstitch"}}[policy]
 
     def params(i: int) -> SamplingParams:
-        return SamplingParams(temperature=0, max_tokens=8 + 4 * (i >= 12) * (i % 3), ignore_eos=True, logprobs=1)
+        return SamplingParams(temperature=0, max_tokens=6 + 4 * (i >= 12) * (i % 3), ignore_eos=True, logprobs=1)
 
     async def main():
         async with Engine(policy=make(), num_threads=2) as engine:

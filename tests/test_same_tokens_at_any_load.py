@@ -24,7 +24,8 @@ POLICIES = {
     "single": lambda: Single("large"),
     "rstitch": lambda: RStitch(tau=TINY_PAIR_TAU),
     "bild": lambda: BiLD(),
-    "speculative": lambda: Speculative(k="auto"),
+    "speculative": lambda: Speculative(k="auto"),  # drafts alone; under load it may decode the target alone
+    "speculative-4": lambda: Speculative(k=4),  # drafts at every load
 }
 
 
