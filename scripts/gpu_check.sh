@@ -99,7 +99,7 @@ if [ "$DRY" = 1 ]; then
             { echo "$out" | tail -20; return 1; }
     }
     bench_stages_start() {  # the same bench_gpu.py --quick commands, on a tiny random pair on CPU
-        "$PY" benchmarks/bench_gpu.py --random-weights --tiny --quick --device cpu --dtype float32 --batch 1 2 \
+        "$PY" benchmarks/engine/bench_gpu.py --random-weights --tiny --quick --device cpu --dtype float32 --batch 1 2 \
             --concurrency 1 --max-tokens 2 --step-timeout 300 --out "$TMP/bench" > "$TMP/bench.log" 2>&1
         local rc=$?
         grep "^# .*: exit" "$TMP/bench.log"
@@ -118,8 +118,8 @@ if [ "$DRY" = 1 ]; then
             { echo "preflight exited $rc, not $want"; tail -20 "$TMP/preflight.log"; return 1; }
     }
     prefill_flag() {  # where FA3 fails, the bench stages get --prefill-backend fa2
-        "$PY" benchmarks/bench_gpu.py --help 2>&1 | grep -q -- "--prefill-backend" ||
-            { echo "benchmarks/bench_gpu.py has no --prefill-backend: the bench stages would fail where FA3 did"; return 1; }
+        "$PY" benchmarks/engine/bench_gpu.py --help 2>&1 | grep -q -- "--prefill-backend" ||
+            { echo "benchmarks/engine/bench_gpu.py has no --prefill-backend: the bench stages would fail where FA3 did"; return 1; }
     }
     device_run_simulated() {  # the device run itself, every stage simulated, on a fake clock: JSON per stage, summary
         OUT="$TMP/device-out" GPU_KIT_WORK="$TMP/device-work" GPU_KIT_FAKE_CLOCK=1 GPU_KIT_SIMULATE="kernels-fa3=0" \

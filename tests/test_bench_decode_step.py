@@ -1,4 +1,4 @@
-"""benchmarks/bench_decode_step.py (issue 53, the GPU kit's decode-step micro-benchmark), on a tiny random
+"""benchmarks/kernels/bench_decode_step.py (issue 53, the GPU kit's decode-step micro-benchmark), on a tiny random
 pair on CPU, in a subprocess as the kit runs it: decode.json holds every (model, B, mode), the graph mode
 skipped with its reason, positive times against a positive floor, and the engine's eager step computing
 the same greedy tokens as transformers' own step on the same context (float32: within 1e-3 in logits)."""
@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPT = ROOT / "benchmarks" / "bench_decode_step.py"
+SCRIPT = ROOT / "benchmarks" / "kernels" / "bench_decode_step.py"
 
 
 def test_the_decode_step_benchmark_on_a_tiny_pair_on_cpu(tmp_path):

@@ -147,7 +147,7 @@ def test_a_gguf_of_each_llama_cpp_type_loads_and_answers(tmp_path_factory, ftype
     """The demo 0.5B requantized by llama.cpp's own quantizer into each of its file types: the types
     the block kernels take compute from their blocks, the others (Q2_K, Q3_K, IQ4_NL) are
     dequantized with the reason said, and each writes a coherent answer. Needs llama-cpp-python
-    (`tokenrouter[anchor]`); agreement with llama.cpp itself: benchmarks/bench_gguf_types.py."""
+    (`tokenrouter[anchor]`); agreement with llama.cpp itself: benchmarks/quality/bench_gguf_types.py."""
     pytest.importorskip("llama_cpp")
     from tokenrouter.engine import tensor_places
     from tokenrouter.engine.quant.gguf_blocks import KINDS

@@ -305,7 +305,7 @@ def plan(run: DeviceRun, wheels: Path, bench_extra: list[str]) -> None:
         f"{' '.join(fi)}; {' '.join(kit)} unpack-aot --wheels {wheels} --site {run.fisite} --json {work}/aot.json"
     )
     run.stage("install", ["bash", "-c", install], work / "aot.json")
-    bench = [py, "benchmarks/bench_gpu.py", "--random-weights", *tok, "--pair-dir", str(work / "random-pair")]
+    bench = [py, "benchmarks/engine/bench_gpu.py", "--random-weights", *tok, "--pair-dir", str(work / "random-pair")]
     bench += ["--quick", "--out", str(out / "bench"), *bench_extra]
     run.start_job("models", [*bench, "--prepare"], work / "models.log")
     addon = "import time; t = time.time(); import flashinfer; print(f'with the add-on: {time.time() - t:.1f} s')"

@@ -29,9 +29,9 @@ from .base import PeerMessage, Policy, Route, StepResult
 from .fields import HISTORY
 
 # The demo pair (Qwen2.5-Coder-0.5B/1.5B-Instruct, Q4_K_M) under RStitch(tau=0.03) on
-# benchmarks/bench_routing.py's 16 coding questions, greedy, 64 tokens each, one at a time on
+# benchmarks/engine/bench_routing.py's 16 coding questions, greedy, 64 tokens each, one at a time on
 # CPU: the large model wrote 701 of the 1024 tokens, with 450 hand-offs (the bench's count:
-# moves of a request). benchmarks/calibrate_scripted_router.py measured it; the raw run is
+# moves of a request). benchmarks/quality/calibrate_scripted_router.py measured it; the raw run is
 # benchmarks/results/scripted-router/calibration.json.
 DEMO_LARGE_SHARE = 701 / 1024
 DEMO_HANDOFF_RATE = 450 / 1024

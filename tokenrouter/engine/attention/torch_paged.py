@@ -9,7 +9,7 @@ Every other prefill/extend row is one causal SDPA call over its cached prefix pl
 With grouped-query attention, decode and short extend rows fold each KV head's query heads into
 its query rows (`grouped_sdpa`) rather than asking SDPA for `enable_gqa`: on CPU in bf16 that
 made a decode step's attention 7-13x cheaper (1.5B shapes: 20 against 151 us for one row of 160
-tokens, 0.31 against 4.1 ms for 16 rows of 256; benchmarks/bench_gqa_attention.py), the
+tokens, 0.31 against 4.1 ms for 16 rows of 256; benchmarks/kernels/bench_gqa_attention.py), the
 difference between a C = 16 step spending most of its time in attention and not. Prefill rows
 fold them too, in chunks of PREFILL_QUERIES queries: SDPA's `enable_gqa` is as fast there, but it
 gives some queries other bits than the folded call (a few of 600 in a check on random bf16 data).

@@ -1,7 +1,7 @@
 """Weights in huge pages: the block kernels stream a model's weights once a decode step, and on 4 KiB
 pages that stream misses the TLB every 4 KiB.
 
-Measured interleaved on a 2-core AMD EPYC VM (benchmarks/bench_huge_pages.py, docs/benchmarks.md):
+Measured interleaved on a 2-core AMD EPYC VM (benchmarks/kernels/bench_huge_pages.py, docs/benchmarks.md):
 the gate layer of the demo 1.5B (8960x1536 Q4_K, ten copies cycled) 1.02-1.11x faster, depending
 on the minute, and a whole decode 1.02x, inside that machine's noise; it adds no memory, and
 where the host backs the VM's memory with huge pages too, each read's page walk is shorter.
@@ -10,7 +10,7 @@ its usual "madvise" mode), but only memory not yet touched: a buffer glibc reuse
 keeps the small pages it has. So a weight of at least one huge page gets a fresh mapping of its own, 2 MiB aligned,
 marked MADV_HUGEPAGE before anything writes it; freed with the tensor. Elsewhere (another OS, a
 smaller tensor, THP off) it is plain `torch.empty`, and `TOKENROUTER_HUGE_PAGES=off` makes it so
-everywhere (benchmarks/bench_huge_pages.py runs both).
+everywhere (benchmarks/kernels/bench_huge_pages.py runs both).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ once its threads outnumber the cores it stops spinning between regions, which ma
 fifth slower with two workers' teams on two cores. One team, in one thread, never outnumbers them.
 Loading runs there too: the precision probe and the repacking compute on every core, and a team
 they left in each worker's thread (idle, but counted) had the compute thread's team sleep and wake
-at every parallel region: about 350 switches a step of the demo pair (benchmarks/openmp_threads.py).
+at every parallel region: about 350 switches a step of the demo pair (benchmarks/kernels/openmp_threads.py).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The engine as a whole: routing, speculative, distributed, load and memory, its faces, the GPU."""

@@ -1,0 +1,1 @@
+"""The kernels on their own: GGUF blocks, attention, linears, step breakdowns, threads."""

@@ -1,0 +1,1 @@
+"""What the tokens are worth: agreement between precisions and systems, router quality, HumanEval."""
