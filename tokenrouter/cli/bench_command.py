@@ -78,7 +78,7 @@ def add_parsers(sub) -> None:
         "agentic: per turn; --prompts: lines without max_tokens get N, default the short workload's max)",
     )
     optional_count(w, "--history-tokens", "override the agentic history's (agentic-edit: file's) size, in tokens")
-    optional_count(w, "--turns", "override the agentic and agentic-edit turns per session")
+    optional_count(w, "--turns", "override the turns of agentic and agentic-edit sessions")
     w.add_argument("--seed", type=int, default=0, help="seed of the generated prompts and output lengths (default 0)")
     r = b.add_argument_group("runs")
     r.add_argument(
