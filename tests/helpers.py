@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM, LogitsProcessor
 
 from tokenrouter.bench import wait_free
 from tokenrouter.policies import Policy, Route, StepResult
-from tokenrouter.testing import live_sequences
+from tokenrouter.testing import live_sequences, requests_in_flight, workers_of
 
 
 @lru_cache(maxsize=8)
@@ -148,11 +148,7 @@ async def wait_until(predicate, timeout: float = 10.0, what: str = "the conditio
 
 def holds_nothing(engine) -> bool:
     """No worker holds a request, and the engine tracks no request."""
-    return (
-        all(not live_sequences(w) for w in engine.workers.values())
-        and not engine.tracker.channels
-        and not engine.tracker.requests
-    )
+    return all(not live_sequences(w) for w in workers_of(engine).values()) and requests_in_flight(engine) == 0
 
 
 class EveryK(Policy):
@@ -315,11 +311,7 @@ def actor_node(worker) -> str:
 def holds_nothing_anywhere(engine) -> bool:
     """No worker, wherever it runs, holds a request, and the engine tracks none."""
     stats = engine.stats().values()
-    return (
-        all(s.running == s.waiting == s.pending == 0 for s in stats)
-        and not engine.tracker.channels
-        and not engine.tracker.requests
-    )
+    return all(s.running == s.waiting == s.pending == 0 for s in stats) and requests_in_flight(engine) == 0
 
 
 # What torch's oneDNN raises for a bf16 weight on a CPU without avx512bw/vl/dq or avx_ne_convert

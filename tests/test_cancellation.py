@@ -31,6 +31,7 @@ from tokenrouter.testing import (
     live_sequences,
     load_reference_models,
     reference_generate,
+    workers_of,
 )
 
 K = 4  # the policy moves the request to the other model after every K tokens
@@ -117,7 +118,7 @@ def _count_late_tokens(engine, gate):
     """Tokens each request produced after the gate opened (at most the frozen step's one token,
     if it was cancelled while frozen)."""
     late: Counter = Counter()
-    for worker in engine.workers.values():
+    for worker in workers_of(engine).values():
         sink = worker.sink
 
         def counting(events, sink=sink):
@@ -213,15 +214,15 @@ def test_cancel_in_every_state(tiny_pair, bystander_ref, state, means):
     async def main():
         engine = Engine(models=_specs(tiny_pair), policy=POLICIES[policy], num_threads=1)
         await engine.start()
-        old_workers = list(engine.workers.values())
-        gate = StepGate(engine.workers[gated], predicate)
+        old_workers = list(workers_of(engine).values())
+        gate = StepGate(workers_of(engine)[gated], predicate)
         late_tokens = _count_late_tokens(engine, gate)
         result: dict = {}
         leave = anyio.Event()
         bystander, victim = parties(engine, means, result, leave)
         scope_box: list = []
         async with anyio.create_task_group() as tg:
-            handed_off = partial(handoff_waiting, engine.workers["large"], "victim")
+            handed_off = partial(handoff_waiting, workers_of(engine)["large"], "victim")
             await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
             if means == "engine_exit":

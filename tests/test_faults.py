@@ -22,6 +22,7 @@ from tokenrouter.testing import (
     live_sequences,
     load_reference_models,
     reference_generate,
+    workers_of,
     wrap_forward,
 )
 
@@ -112,7 +113,7 @@ def test_a_dead_worker_fails_its_requests_and_the_engine_restarts(tiny_pair, ref
         assert health.workers["small"] == "ok"
         assert health.workers["large"].startswith("worker 'large' died: RuntimeError")
         await wait_all_free(engine)  # the pending copies on the small model are released too
-        assert not live_sequences(engine.workers["small"])
+        assert not live_sequences(workers_of(engine)["small"])
         with pytest.raises(EngineNotRunningError, match="worker 'large' is not running .*died"):
             await engine.generate(PROMPTS[0], PARAMS)  # at once, not a hang
         await engine.close()

@@ -16,7 +16,7 @@ import torch
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import holds_nothing, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import load_reference_models, reference_generate, workers_of
 
 POLICY = RStitch(tau=TINY_PAIR_TAU)
 
@@ -40,7 +40,8 @@ def _engine(pair, kv_tokens: int) -> Engine:
 def _count_worker_ends(engine) -> Counter:
     """Terminal events per request, as the workers send them."""
     ends: Counter = Counter()
-    dispatch = engine.tracker.dispatch
+    workers = workers_of(engine)
+    dispatch = next(iter(workers.values())).sink  # the engine's own: every worker delivers there
 
     def counting(events):
         for ev in events:
@@ -48,7 +49,7 @@ def _count_worker_ends(engine) -> Counter:
                 ends[ev.request_id] += 1
         dispatch(events)
 
-    for worker in engine.workers.values():
+    for worker in workers.values():
         worker.sink = counting
     return ends
 

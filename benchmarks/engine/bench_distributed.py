@@ -60,6 +60,7 @@ torch.set_num_threads(1)
 
 from tokenrouter import Engine, ModelSpec, RayPlacement, RStitch, SamplingParams  # noqa: E402
 from tokenrouter.policies import Policy, Route, StepResult  # noqa: E402
+from tokenrouter.testing import workers_of  # noqa: E402
 
 NODES = {"small": {"node_small": 8}, "large": {"node_large": 8}}
 
@@ -161,7 +162,7 @@ async def bench_pair(name, paths, dtype, policy_of, concurrencies, repeats, max_
             t0 = time.perf_counter()
             await e.start()
             out[f"start_s_{system}"] = time.perf_counter() - t0
-        workers = engines["actors"].workers
+        workers = workers_of(engines["actors"])
         out["link_rtt_s"] = {
             n: w.peer_rtt_s for n, w in workers.items()
         }  # measured at start, through the envelope path
@@ -222,7 +223,7 @@ async def bench_handoff(paths, repeats, max_tokens, vocab, ray_calls=False) -> d
         for e in engines.values():
             await e.start()
         if ray_calls:
-            for w in engines["actors"].workers.values():
+            for w in workers_of(engines["actors"]).values():
                 w.inspect(channels_off)
         for system, e in engines.items():
             await one_run(e, prompts(1, vocab, 1000), max_tokens)
@@ -267,7 +268,7 @@ async def bench_kill(paths, vocab) -> dict:
             while engine.stats()["large"].handoffs_received < 8:
                 await anyio.sleep(0.01)
             t_kill = time.perf_counter()
-            ray.kill(engine.workers["large"].handle, no_restart=True)
+            ray.kill(workers_of(engine)["large"].handle, no_restart=True)
     finally:
         await engine.close()
     times = [t - t_kill for t, _, _ in ended.values()]

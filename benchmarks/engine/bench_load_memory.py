@@ -53,7 +53,7 @@ async def main():
         out = await e.generate("def add(a, b):", SamplingParams(temperature=0, max_tokens=8))
         served = {"peak": vm("VmHWM"), "rss": vm("VmRSS")}
         kv = {m: s.kv_cache_bytes for m, s in e.stats().items()}
-        loaded = {m: {"precision": l.precision, "linear_kernel": l.linear_kernel} for m, l in e.loaded.items()}
+        loaded = {m: {"precision": l.precision, "linear_kernel": l.linear_kernel} for m, l in e.info().models.items()}
     print(json.dumps({"before_bytes": before, "ready": ready, "served": served, "kv_cache_bytes": kv,
                       "tokens": len(out.token_ids), "loaded": loaded}))
 

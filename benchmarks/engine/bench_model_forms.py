@@ -63,7 +63,7 @@ async def measure(args, own_copy: Path) -> dict:
             engine = Engine(policy=Single("large"), num_threads=THREADS, **models)
             await engine.start()
             engines[what] = engine
-            m = engine.loaded["large"]
+            m = engine.info().models["large"]
             loaded[what] = {"load_s": time.perf_counter() - t0, "precision": m.precision, "kernels": m.linear_kernel}
             print(
                 f"{what}: loaded in {loaded[what]['load_s']:.1f} s: {m.precision}; {m.linear_kernel}", file=sys.stderr

@@ -86,7 +86,8 @@ async def measure(args) -> dict:
                 file=sys.stderr,
             )
         same = (
-            engine.tokenizer.decode(runs["engine"][0]["tokens"], skip_special_tokens=True) == runs["client"][0]["text"]
+            engine.info().tokenizer.decode(runs["engine"][0]["tokens"], skip_special_tokens=True)
+            == runs["client"][0]["text"]
         )
     summary = {
         way: {

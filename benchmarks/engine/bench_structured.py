@@ -78,7 +78,7 @@ async def _round(engine: Engine, c: int, mixed: bool, max_tokens: int) -> dict:
     constrained = SamplingParams(temperature=0, max_tokens=max_tokens, response_format=SCHEMA)
     work = [(PROMPTS[i % len(PROMPTS)], free) for i in range(c)]
     work += [(PROMPTS[i % len(PROMPTS)], constrained if mixed else free) for i in range(c)]
-    before = engine.stats()[engine.policy.entry_model]
+    before = engine.stats()[engine.info().entry_model]
     latencies: list[float | None] = [None] * len(work)
     tokens = [0] * len(work)
     t0 = time.perf_counter()
@@ -92,7 +92,7 @@ async def _round(engine: Engine, c: int, mixed: bool, max_tokens: int) -> dict:
         for i in range(len(work)):
             tg.start_soon(one, i)
     wall = time.perf_counter() - t0
-    after = engine.stats()[engine.policy.entry_model]
+    after = engine.stats()[engine.info().entry_model]
     steps = after.steps - before.steps
     return {
         "wall_s": wall,
@@ -110,7 +110,8 @@ def _compile_times(engine: Engine) -> dict:
     from tokenrouter.config import JsonSchema
     from tokenrouter.structured import GrammarCompiler
 
-    loaded = engine.loaded[engine.policy.entry_model]
+    info = engine.info()
+    loaded = info.models[info.entry_model]
     compiler = GrammarCompiler(loaded.tokenizer, loaded.vocab_size, loaded.eos_token_ids)
     t0 = time.perf_counter()
     compiler.compile(JsonSchema(json_schema={"type": "object"}))  # builds the tokenizer info first
@@ -143,7 +144,7 @@ async def main(args) -> dict:
                 await engine.reset_prefix_cache()
                 print(f"round {r + 1} {name}: {json.dumps(rounds[name][-1])}", file=sys.stderr, flush=True)
         compile_times = _compile_times(engine)
-        vocab = engine.loaded["m"].vocab_size
+        vocab = engine.info().models["m"].vocab_size
     med = {name: {k: statistics.median(x[k] for x in rs) for k in rs[0]} for name, rs in rounds.items()}
     return {
         "model": path,

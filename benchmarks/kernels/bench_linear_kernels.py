@@ -29,7 +29,7 @@ from tokenrouter.policies import Single
 async def step_times(path, threads: int, onednn: bool | None, repeats: int) -> dict[tuple[int, int], float]:
     spec = ModelSpec(path=path, kv_cache_tokens=4096, onednn_linear=onednn)
     async with Engine(models={"m": spec}, policy=Single("m"), num_threads=threads) as engine:
-        kernel = engine.loaded["m"].linear_kernel
+        kernel = engine.info().models["m"].linear_kernel
         assert (kernel == "onednn") == (onednn is not False), f"asked onednn_linear={onednn}, got {kernel}"
         prof = (await engine.profile(refresh=True))["m"]
     return {(p.b, p.c): p.latency_s for p in prof.step_points}

@@ -49,6 +49,7 @@ from tokenrouter.engine.model import fused_decoder
 from tokenrouter.engine.model.layer_stack import LayerStack
 from tokenrouter.engine.quant import FusedLinears, GGUFBlockLinear
 from tokenrouter.policies import Single
+from tokenrouter.testing import loaded_model
 
 THREADS = 2
 PROMPT = "Write a Python function that checks whether a number is prime, with tests."
@@ -148,7 +149,7 @@ async def run(args) -> tuple[Parts, list[float]]:
         install_fused(parts)
     spec = ModelSpec(path=str(store.ensure_model(args.model)))
     async with Engine(models={"m": spec}, policy=Single("m"), num_threads=THREADS) as e:
-        model = e.loaded["m"].model
+        model = loaded_model(e, "m").model
         head, embed, norm = model.get_output_embeddings(), model.get_input_embeddings(), model.model.norm
         if args.unfused:
             install_hooks(parts, model)

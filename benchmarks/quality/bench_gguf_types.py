@@ -68,7 +68,7 @@ def llama_tokens(path: Path, prompts: list[list[int]], n: int) -> tuple[list[lis
 
 async def engine_tokens(path: Path, prompts: list[list[int]], n: int) -> tuple[list[list[int]], float, dict]:
     async with Engine(models={"m": str(path)}, policy=Single("m"), num_threads=THREADS) as e:
-        m = e.loaded["m"]
+        m = e.info().models["m"]
         await e.generate(prompts[0], SamplingParams(max_tokens=4, temperature=0))  # warm-up
         params = SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)
         outs, tokens, t0 = [], 0, time.perf_counter()

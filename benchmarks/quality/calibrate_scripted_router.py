@@ -60,7 +60,7 @@ async def run(name: str, paths: dict[str, str], policy, args, one_at_a_time: boo
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
     messages = [[{"role": "user", "content": t}] for t in TASKS]
     async with Engine(models=specs, policy=policy, num_threads=args.threads) as engine:
-        precision = {m: engine.loaded[m].precision for m in policy.models}
+        precision = {m: engine.info().models[m].precision for m in policy.models}
         if one_at_a_time:
             outs = [await engine.generate(m, params) for m in messages]
         else:

@@ -50,7 +50,7 @@ async def answers(precision: str, system: str, questions: list[str], max_tokens:
     }
     params = SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True)
     async with Engine(models=specs, policy=policy, num_threads=2) as engine:
-        loaded = {m: engine.loaded[m].precision for m in policy.models}
+        loaded = {m: engine.info().models[m].precision for m in policy.models}
         outs = [None] * len(questions)
 
         async def one(i):

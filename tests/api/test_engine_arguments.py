@@ -26,7 +26,7 @@ from tokenrouter import (
     TokenRouterError,
 )
 from tokenrouter.config import EngineOptions
-from tokenrouter.testing import build_tiny_model, build_tokenizer
+from tokenrouter.testing import build_tiny_model, build_tokenizer, workers_of
 
 
 # ---- Engine() ----------------------------------------------------------------------------------
@@ -226,9 +226,10 @@ def test_engine_constructor_accepts_values_at_the_limits(tiny_model, kwargs):
         for n, v in kwargs["models"].items()
     }
     engine = Engine(**kwargs)
-    assert set(engine.specs) == set(kwargs["models"])
-    assert all(spec.path == tiny_model for spec in engine.specs.values())
-    assert not engine.workers  # constructing starts nothing
+    models = engine.info().models
+    assert set(models) == set(kwargs["models"])
+    assert all(model.spec.path == tiny_model and not model.loaded for model in models.values())
+    assert not workers_of(engine)  # constructing starts nothing
 
 
 def test_tokenizers_that_differ_are_rejected_at_start_with_both_names(tmp_path, tiny_model):
@@ -245,7 +246,7 @@ def test_tokenizers_that_differ_are_rejected_at_start_with_both_names(tmp_path, 
         assert "'native'" in message and "'alien'" in message
         assert str(tiny_model) in message and str(alien) in message
         # nothing is left running, and the engine takes no requests
-        assert not engine.workers and not engine.loaded
+        assert not workers_of(engine) and not any(m.loaded for m in engine.info().models.values())
         with pytest.raises(EngineNotRunningError):
             await engine.generate([1, 2, 3])
 

@@ -17,7 +17,7 @@ from tokenrouter import (
     SamplingParams,
     Single,
 )
-from tokenrouter.testing import build_tiny_model
+from tokenrouter.testing import build_tiny_model, workers_of
 
 
 @pytest.mark.parametrize(
@@ -149,8 +149,8 @@ def test_dtypes(tmp_path, tokenizer, dtype):
     async def main():
         async with Engine(models={"m": ModelSpec(path=path, dtype=dtype, kv_cache_tokens=256)}) as engine:
             want = torch.float32 if dtype == "auto" else getattr(torch, dtype)
-            assert engine.loaded["m"].dtype == want
-            assert engine.workers["m"].core.cache.k[0].dtype == want
+            assert engine.info().models["m"].dtype == want
+            assert workers_of(engine)["m"].core.cache.k[0].dtype == want
             out = await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
             assert len(out.token_ids) == 4
 
@@ -231,9 +231,13 @@ def test_store_names_work_wherever_a_model_is_named(monkeypatch, tmp_path, tiny_
         ModelSpec(path="smollm2")
     target = _fake_store_model(tmp_path, "smollm2", tiny_model)
     assert ModelSpec(path="smollm2").path == target
-    assert Engine(models={"m": "smollm2"}).specs["m"].path == target
+    assert Engine(models={"m": "smollm2"}).info().models["m"].spec.path == target
     _fake_store_model(tmp_path, "qwen-coder-0.5b", tiny_model)
     _fake_store_model(tmp_path, "qwen-coder-1.5b", tiny_model)
     engine = Engine()
-    assert isinstance(engine.policy, RStitch) and engine.policy.tau == 0.03
-    assert {m: s.path.name for m, s in engine.specs.items()} == {"small": "qwen-coder-0.5b", "large": "qwen-coder-1.5b"}
+    info = engine.info()
+    assert isinstance(info.policy, RStitch) and info.policy.tau == 0.03
+    assert {m: model.spec.path.name for m, model in info.models.items()} == {
+        "small": "qwen-coder-0.5b",
+        "large": "qwen-coder-1.5b",
+    }

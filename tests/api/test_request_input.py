@@ -19,7 +19,7 @@ from tokenrouter import (
     SamplingParams,
     TokenRouterError,
 )
-from tokenrouter.testing import live_sequences
+from tokenrouter.testing import live_sequences, requests_in_flight, workers_of
 
 # ---- requests on a running engine --------------------------------------------------------------
 MAX_MODEL_LEN = 64
@@ -147,7 +147,7 @@ def _settle(worker, timeout: float = 10.0):
 @pytest.fixture
 def spy(running, monkeypatch):
     """What is submitted to the module's worker from now on, once it has settled."""
-    worker = running[0].workers["m"]
+    worker = workers_of(running[0])["m"]
     counting = _Spy(worker, _settle(worker))
     monkeypatch.setattr(worker, "submit", counting)
     return counting
@@ -175,7 +175,7 @@ def _rejected(running, spy, how, prompt, params, request_id, field, fragment):
     assert str(e.value).startswith(f"{field}: ") and fragment in str(e.value), str(e.value)
     # none reaches a worker
     assert spy.submitted == []
-    assert not worker.inbox and not live_sequences(worker) and not engine.tracker.channels
+    assert not worker.inbox and not live_sequences(worker) and requests_in_flight(engine) == 0
     after = worker.stats()
     assert (after.steps, after.tokens_processed) == (before.steps, before.tokens_processed)
     # and the engine goes on serving

@@ -20,7 +20,7 @@ from tokenrouter.autobatch.markov import binomial_pmf, expected_wait, stationary
 from tokenrouter.autobatch.throughput_model import RoutingStats, choose_b, predict, transition_matrix
 from tokenrouter.engine import native
 from tokenrouter.policies import RStitch
-from tokenrouter.testing import kv_blocks_in_use
+from tokenrouter.testing import kv_blocks_in_use, workers_of
 
 SMALL = LatencyModel(a=0.010, s=0.001, k=0.0002)
 LARGE = LatencyModel(a=0.040, s=0.004, k=0.0008)
@@ -347,7 +347,7 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
                 # overhead, and under load the 128-token prefill measured faster than one decode row
                 # (11.6 ms against 11.9 ms in a CI run). What a profile measures is benchmarks' to judge.
                 assert prof.fit.a > 0 and prof.fit.s >= 0 and prof.fit.k >= 0
-                assert kv_blocks_in_use(engine.workers[name]) == 0  # the profile's requests are gone
+                assert kv_blocks_in_use(workers_of(engine)[name]) == 0  # the profile's requests are gone
             assert engine.stats()["small"].steps == 0  # the profile is not counted as serving
 
             def no_measuring(*a, **kw):
@@ -362,7 +362,7 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
             level = native.cpu.current().level
             below = native.cpu.LEVELS[: native.cpu.LEVELS.index(level)]
             if below:
-                worker = engine.workers["large"]
+                worker = workers_of(engine)["large"]
                 own = await anyio.to_thread.run_sync(worker.call(latency_profile.profile_info).result)
                 with monkeypatch.context() as pin:
                     pin.setenv(native.cpu.ENV, below[-1])
@@ -371,8 +371,9 @@ def test_profile_runs_in_the_worker_thread_and_is_cached(tiny_pair, monkeypatch,
                 assert latency_profile.profile_key(own) != latency_profile.profile_key(pinned)
         # a new engine on the same models reuses the cache too, from the start with "auto"
         async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1, delayed_batching="auto") as engine:
-            assert {n: p.source for n, p in engine.profiles.items()} == {"small": "cache", "large": "cache"}
-            assert {n: p.key for n, p in engine.profiles.items()} == threads
+            profiles = engine.info().profiles
+            assert {n: p.source for n, p in profiles.items()} == {"small": "cache", "large": "cache"}
+            assert {n: p.key for n, p in profiles.items()} == threads
 
     anyio.run(main)
 
@@ -407,7 +408,7 @@ def test_profile_samples_round_robin_over_its_points(tiny_pair):
 
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=1) as engine:
-            return await anyio.to_thread.run_sync(engine.workers["small"].call(measure).result)
+            return await anyio.to_thread.run_sync(workers_of(engine)["small"].call(measure).result)
 
     runs, prof, all_free = anyio.run(main)
     grid = [(p.b, p.c, p.t) for p in prof.points]
@@ -457,7 +458,7 @@ def test_a_disordered_profile_is_measured_again_and_not_cached(tiny_pair, monkey
 
     async def main():
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), num_threads=1) as engine:
-            worker = engine.workers["small"]
+            worker = workers_of(engine)["small"]
             briefly = await anyio.to_thread.run_sync(worker.call(lambda core: measure(core, 3)).result)
             throughout = await anyio.to_thread.run_sync(worker.call(lambda core: measure(core, 100)).result)
             return briefly, throughout

@@ -392,7 +392,7 @@ def test_model_options_reach_every_system_that_loads_the_model(tiny_pair):
     async def block_sizes(system: str) -> dict:
         engine = await open_engine(cfg, system, 1024)
         try:
-            return {name: loaded.spec.block_size for name, loaded in engine.loaded.items()}
+            return {name: model.spec.block_size for name, model in engine.info().models.items()}
         finally:
             await engine.close()
 

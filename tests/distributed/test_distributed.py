@@ -28,7 +28,7 @@ from tests.helpers import EveryK, actor_node, generate_all, holds_nothing_anywhe
 from tests.policies.test_learned_policies import make_router
 from tokenrouter import ConfigError, Engine, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.policies import CITER
-from tokenrouter.testing import load_reference_models, reference_generate
+from tokenrouter.testing import load_reference_models, reference_generate, workers_of
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=14, ignore_eos=True)
@@ -82,7 +82,7 @@ def test_each_model_runs_in_an_actor_on_its_own_node(engine, ray_cluster):
     import ray
 
     nodes = {n["NodeID"]: n["Resources"] for n in ray.nodes() if n["Alive"]}
-    small, large = (engine.workers[m].inspect(actor_node) for m in ("small", "large"))
+    small, large = (workers_of(engine)[m].inspect(actor_node) for m in ("small", "large"))
     assert small != large
     assert set(SMALL_NODE) <= set(nodes[small]) and set(LARGE_NODE) <= set(nodes[large])
     assert engine.health().healthy and engine.health().workers == {"small": "ok", "large": "ok"}
@@ -139,15 +139,15 @@ def test_streaming_from_asyncio_and_trio(engine, ref_models, backend):
 def test_stats_metrics_and_measured_transport(engine):
     metrics = engine.metrics()
     assert set(metrics.models) == {"small", "large"}
-    for name, worker in engine.workers.items():
+    for name, worker in workers_of(engine).items():
         assert 0 < worker.handoff_delay_s < 1.0, name  # measured at start: half a round trip between the actors
         s = engine.stats()[name]
         assert s.alive and s.kv_blocks_free == s.kv_blocks_total
-    assert len({worker.host for worker in engine.workers.values()}) == 1  # two Ray nodes, one machine
+    assert len({worker.host for worker in workers_of(engine).values()}) == 1  # two Ray nodes, one machine
 
 
 def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_delay(engine):
-    assert {p.measured_in_thread for p in engine.profiles.values()} == {
+    assert {p.measured_in_thread for p in engine.info().profiles.values()} == {
         "tokenrouter-worker-small",
         "tokenrouter-worker-large",
     }
@@ -155,7 +155,7 @@ def test_auto_delayed_batching_profiles_in_the_actors_and_counts_the_hand_off_de
     anyio.run(generate_all, engine, prompts, PARAMS)  # traffic for the controller to observe
     prediction = engine.throughput_prediction(refresh=True)
     assert set(prediction.batch_min) == {"small", "large"} and prediction.tokens_per_s > 0
-    delay = sum(w.handoff_delay_s for w in engine.workers.values()) / 2
+    delay = sum(w.handoff_delay_s for w in workers_of(engine).values()) / 2
     assert prediction.handoff_delay_s == delay > 0 and prediction.in_transit > 0
     anyio.run(wait_all_free, engine)
 
@@ -182,7 +182,7 @@ def _channels_on(worker) -> None:
 
 def test_without_the_direct_channels_everything_goes_by_ray_calls_with_the_same_output(engine, ref_models):
     prompts = _prompts(6, seed=41)
-    for worker in engine.workers.values():
+    for worker in workers_of(engine).values():
         worker.inspect(_channels_off)
 
     async def main():
@@ -194,7 +194,7 @@ def test_without_the_direct_channels_everything_goes_by_ray_calls_with_the_same_
     try:
         outs = anyio.run(main)
     finally:
-        for worker in engine.workers.values():
+        for worker in workers_of(engine).values():
             worker.inspect(_channels_on)
     for i, p in enumerate(prompts):
         ref = reference_generate(POLICY, ref_models, p, PARAMS)
@@ -209,7 +209,7 @@ def test_a_learned_router_travels_to_its_actor_with_the_small_model_in_process(r
 
     async def main():
         async with Engine(models=specs(tiny_pair, placed=("large",)), policy=policy, num_threads=1) as e:
-            kinds = {name: type(worker).__name__ for name, worker in e.workers.items()}
+            kinds = {name: type(worker).__name__ for name, worker in workers_of(e).items()}
             assert kinds == {"large": "RemoteWorker", "small": "LinkedWorker"}
             outs = await generate_all(e, prompts, PARAMS)
             await wait_all_free(e)

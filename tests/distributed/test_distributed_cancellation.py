@@ -35,7 +35,7 @@ from tests.test_cancellation import (
     start_parties,
 )
 from tokenrouter import Engine, ModelSpec, RayPlacement, SamplingParams
-from tokenrouter.testing import handoff_waiting, load_reference_models, reference_generate
+from tokenrouter.testing import handoff_waiting, load_reference_models, reference_generate, workers_of
 
 REMOTE_CASES = [(s, m) for s, m in CASES if m != "engine_exit"]
 PLACE = {"small": RayPlacement(resources={"node_small": 1}), "large": RayPlacement(resources={"node_large": 1})}
@@ -72,13 +72,13 @@ async def _cancel(engine, state, means, result):
     """Freeze the gated worker in `state`, cancel the victim by `means` (engine_exit: close the
     engine while frozen), open the gate. Returns the gate."""
     gated, predicate, victim_after_gate, _ = STATES[state]
-    gate = RemoteStepGate(engine.workers[gated], predicate, counted=list(engine.workers.values()))
+    gate = RemoteStepGate(workers_of(engine)[gated], predicate, counted=list(workers_of(engine).values()))
     leave = anyio.Event()
     bystander, victim = parties(engine, means, result, leave)
     scope_box: list = []
     try:
         async with anyio.create_task_group() as tg:
-            large = engine.workers["large"]  # the victim's hand-off waits in its inbox, in its actor
+            large = workers_of(engine)["large"]  # the victim's hand-off waits in its inbox, in its actor
             handed_off = partial(large.inspect, partial(handoff_waiting, request_id="victim"))
             await start_parties(tg, gate, bystander, victim, scope_box, victim_after_gate, handed_off)
             await cancel_victim(engine, means, scope_box, leave)
@@ -93,7 +93,7 @@ async def _cancel(engine, state, means, result):
             await anyio.sleep(0.05)  # let the cancellation reach the actors while frozen
             gate.open()
     finally:
-        if not gate.opened and engine.workers:
+        if not gate.opened and workers_of(engine):
             gate.open()  # a failing case must not leave the worker frozen for the next one
     late = gate.late_tokens()
     gate.remove()
@@ -120,7 +120,7 @@ def test_cancel_in_every_state_with_workers_in_actors(engines, bystander_ref, st
 
 def test_closing_with_a_hand_off_in_a_frozen_actors_inbox_ends_everything_and_starts_again(engines, bystander_ref):
     engine = engines("everyk")
-    old = list(engine.workers.values())
+    old = list(workers_of(engine).values())
     result: dict = {}
 
     async def main():

@@ -17,7 +17,7 @@ from tests.helpers import EveryK, RemoteStepGate, generate_all, wait_until
 from tests.ray_processes import wait_gone
 from tokenrouter import Engine, EngineNotRunningError, ModelSpec, RayPlacement, SamplingParams
 from tokenrouter.engine import SeqStatus
-from tokenrouter.testing import break_scheduler, live_sequences, load_reference_models, reference_generate
+from tokenrouter.testing import break_scheduler, live_sequences, load_reference_models, reference_generate, workers_of
 
 POLICY = EveryK(3)
 PARAMS = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -63,8 +63,8 @@ def test_killing_the_large_models_actor_mid_run_fails_its_requests_and_nothing_h
     async def main():
         engine = _engine(tiny_pair)
         await engine.start()
-        pids = {name: w.inspect(_pid) for name, w in engine.workers.items()}
-        large = engine.workers["large"]
+        pids = {name: w.inspect(_pid) for name, w in workers_of(engine).items()}
+        large = workers_of(engine)["large"]
         gate = RemoteStepGate(large, _running_here)  # freeze the large model with requests in it
         outs = {}
         async with anyio.create_task_group() as tg:

@@ -167,5 +167,5 @@ def test_the_model_is_made_from_an_engine_only(llm, tool_pair):
 def test_tokens_are_counted_with_the_engines_tokenizer(llm):
     model = ChatTokenRouter(engine=llm)
     text = "def add(a, b):"
-    assert model.get_token_ids(text) == llm.engine.tokenizer.encode(text, add_special_tokens=False)
+    assert model.get_token_ids(text) == llm.engine.info().tokenizer.encode(text, add_special_tokens=False)
     assert model.get_num_tokens_from_messages([HumanMessage(text)]) >= model.get_num_tokens(text)

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.helpers import EveryK, StepGate, wait_all_free
 from tokenrouter import LLM, Engine, ModelSpec, SamplingParams
 from tokenrouter.metrics import LATENCY_BUCKETS, TTFT_BUCKETS, ModelMetrics, PrometheusCollector
-from tokenrouter.testing import kv_blocks_in_use, kv_blocks_total, scheduler_queues
+from tokenrouter.testing import kv_blocks_in_use, kv_blocks_total, scheduler_queues, workers_of
 
 ROOT = Path(__file__).resolve().parents[2]
 LENGTHS = [3, 5, 7, 9]
@@ -174,7 +174,7 @@ def test_gauges_while_a_worker_is_frozen_mid_request(tiny_pair, tiny_model):
     async def main():
         # One model, one batch slot, three requests: one running, two waiting.
         async with Engine(models=_specs({"m": tiny_model}, max_num_seqs=1), num_threads=1) as engine:
-            w = engine.workers["m"]
+            w = workers_of(engine)["m"]
             gate = StepGate(w, lambda w: scheduler_queues(w) == (1, 2))  # (running, waiting)
             async with anyio.create_task_group() as tg:
                 tg.start_soon(engine.generate_batch, [[1, 2, 3], [4, 5], [6]], _greedy(60))
@@ -194,7 +194,7 @@ def test_gauges_while_a_worker_is_frozen_mid_request(tiny_pair, tiny_model):
 
         # Two models: while "large" writes, "small" keeps the request parked (pending, KV kept).
         async with Engine(models=_specs(tiny_pair), policy=EveryK(3), num_threads=1) as engine:
-            large = engine.workers["large"]
+            large = workers_of(engine)["large"]
             gate = StepGate(large, lambda w: scheduler_queues(w)[0] == 1)  # one running
             async with anyio.create_task_group() as tg:
                 tg.start_soon(engine.generate, [1, 2, 3], _greedy(8))

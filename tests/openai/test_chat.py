@@ -84,7 +84,7 @@ def test_stop_token_ids_end_the_answer(llm):
             model="small", messages=HI, max_tokens=4, temperature=0, extra_body={"ignore_eos": True}
         )
         first_text = plain.choices[0].message.content
-        ids = llm.engine.tokenizer.encode(first_text, add_special_tokens=False)
+        ids = llm.engine.info().tokenizer.encode(first_text, add_special_tokens=False)
         out = await client.chat.completions.create(
             model="small", messages=HI, max_tokens=4, temperature=0, extra_body={"stop_token_ids": ids[:1]}
         )

@@ -138,7 +138,7 @@ def test_an_engine_not_running_is_503(long_pair):
 
 
 def test_a_failed_request_is_500(llm):
-    policy = llm.engine.policy
+    policy = llm.engine.info().policy
 
     async def test(client):
         policy.fail = True

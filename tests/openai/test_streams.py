@@ -124,7 +124,7 @@ def test_closing_a_stream_early_aborts_it(llm):
         async def read():
             stream = await client.chat.completions.create(model="small", messages=HI, stream=True, **LONG)
             await stream.__anext__()
-            llm.engine.policy.delay_s = 0.2  # the next chunks are slow to come
+            llm.engine.info().policy.delay_s = 0.2  # the next chunks are slow to come
             reading.set()
             async for _ in stream:
                 pass
@@ -136,7 +136,7 @@ def test_closing_a_stream_early_aborts_it(llm):
                 await anyio.sleep(0.1)
                 tg.cancel_scope.cancel()
         finally:
-            llm.engine.policy.delay_s = 0.0
+            llm.engine.info().policy.delay_s = 0.0
         assert aborts(llm) == before + 2
         # a request that is not streamed, cancelled while it runs
         with anyio.move_on_after(0.05):
@@ -154,13 +154,13 @@ def test_the_read_timeout_aborts_the_request(llm):
             await client.chat.completions.create(model="small", messages=HI, timeout=0.05, **LONG)
         stream = await client.chat.completions.create(model="small", messages=HI, stream=True, timeout=0.5, **LONG)
         await stream.__anext__()
-        llm.engine.policy.delay_s = 1.0  # a step now takes longer than a read may wait
+        llm.engine.info().policy.delay_s = 1.0  # a step now takes longer than a read may wait
         try:
             with pytest.raises(openai.APITimeoutError):
                 async for _ in stream:
                     pass
         finally:
-            llm.engine.policy.delay_s = 0.0
+            llm.engine.info().policy.delay_s = 0.0
         await wait_until(lambda: aborts(llm) == before + 2, what="two aborts")
         await wait_all_free(llm.engine)
 

@@ -24,7 +24,13 @@ from tokenrouter.policies.routers import (
     router_features,
     save_router,
 )
-from tokenrouter.testing import build_tiny_model, captures_hidden_states, load_reference_models, reference_generate
+from tokenrouter.testing import (
+    build_tiny_model,
+    captures_hidden_states,
+    load_reference_models,
+    reference_generate,
+    workers_of,
+)
 
 POLICIES = {"citer": CITER, "r2r": R2R, "collm": CoLLM}
 PARAMS = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
@@ -182,7 +188,7 @@ def test_bad_routers_fail_before_any_request(tmp_path, tiny_pair, ref_models, to
         engine = Engine(models=_specs(foreign), policy=CITER(good))
         with pytest.raises(ConfigError, match=r"trained for a small model .* but 'small' has"):
             await engine.start()
-        assert not engine.workers  # nothing left running
+        assert not workers_of(engine)  # nothing left running
 
     anyio.run(start)
     cfg = json.loads((good / "router.json").read_text())
@@ -194,7 +200,7 @@ def test_hidden_states_are_captured_only_for_policies_that_ask(tiny_pair, ref_mo
 
     async def runners(policy):
         async with Engine(models=_specs(tiny_pair), policy=policy, num_threads=1) as engine:
-            return {name: captures_hidden_states(w) for name, w in engine.workers.items()}
+            return {name: captures_hidden_states(w) for name, w in workers_of(engine).items()}
 
     assert anyio.run(runners, RStitch(tau=TINY_PAIR_TAU)) == {"small": False, "large": False}
     assert anyio.run(runners, R2R(make_router("r2r", ref_models))) == {"small": True, "large": True}

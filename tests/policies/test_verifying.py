@@ -13,6 +13,7 @@ import torch
 from tests.helpers import generate_all, hf_greedy, hf_greedy_penalized, holds_nothing, penalized_logits, wait_all_free
 from tokenrouter import ConfigError, Engine, ModelSpec, SamplingParams
 from tokenrouter.policies import BiLD, Single, Speculative
+from tokenrouter.testing import workers_of
 
 K_VALUES = [1, 2, 4, 8, "auto"]
 
@@ -221,7 +222,7 @@ def test_rollback_never_changes_a_cached_block_and_shared_prefixes_stay_correct(
 
     async def main():
         async with Engine(models=specs, policy=Speculative(k=4)) as e:
-            watches = [CachedBlocksWatch(w.core.blocks, w.core.cache) for w in e.workers.values()]
+            watches = [CachedBlocksWatch(w.core.blocks, w.core.cache) for w in workers_of(e).values()]
             outs = await _all(e, first) + await _all(e, second)
             await wait_all_free(e)
             return outs, watches, {m: s.prefix_cache_hit_tokens for m, s in e.stats().items()}
@@ -338,7 +339,7 @@ def test_a_draft_scoring_part_of_the_vocabulary_keeps_speculative_exact(drafting
     specs["small"] = specs["small"].model_copy(update={"draft_vocab": cut})
 
     def narrowed(e):
-        assert e.loaded["small"].linear_kernel.endswith(f"+head-first-{cut}")
+        assert e.info().models["small"].linear_kernel.endswith(f"+head-first-{cut}")
 
     counts = _seeded_counts(specs, Speculative(k=2), prompt, params, narrowed)
     assert _chi_square_p(counts, expected, SAMPLES) > 0.01, (counts, expected)

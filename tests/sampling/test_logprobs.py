@@ -13,6 +13,7 @@ from transformers import RepetitionPenaltyLogitsProcessor
 from tests.conftest import TINY_PAIR_TAU
 from tests.helpers import generate_all, hf_model, serve_all, wait_all_free
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams
+from tokenrouter.testing import workers_of
 
 TOL = 1e-9
 FLOAT32_TOL = 2e-6  # generate's float32 scores: logits of a few units rounded to float32
@@ -218,7 +219,7 @@ def test_requests_that_ask_nothing_keep_only_the_logits_they_sample(tiny_model):
     async def kept_rows(params):
         steps = []
         async with Engine(models=specs) as e:
-            runner = e.workers["m"].core.runner
+            runner = workers_of(e)["m"].core.runner
             prepare, run_model = runner.prepare, runner.run_model
 
             def spy_prepare(batch, extra_rows=None):

@@ -1,61 +1,38 @@
 """The public engine: an async context manager running one worker per model.
 
 `Engine` owns the lifecycle and the public calls; what it does is in its parts: `setup.py`
-checks what it was given, `launch.py` makes and stops the workers for its mode,
-`input_processor.py` turns a caller's input into requests, and `request_tracker.py` follows
-them to their end.
+checks what it was given, `served_models.py` starts and stops its models (with `launch.py`, the
+workers for its mode), `profiling.py` keeps the latency profiles and the throughput model,
+`input_processor.py` turns a caller's input into requests, `request_tracker.py` follows them to
+their end, and `views.py` holds the plain values a caller reads.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 
 import anyio
 
-from ..autobatch import AutoBatching, LatencyProfile, ThroughputPrediction, profile_workers
+from ..autobatch import LatencyProfile, ThroughputPrediction
 from ..config import ModelSpec, SamplingParams
-from ..engine import LoadedModel, Worker, WorkerStats
 from ..errors import EngineNotRunningError, InvalidRequestError
 from ..metrics import EngineMetrics, ModelMetrics, RequestMetrics
 from ..outputs import RequestOutput, StreamDelta
 from ..policies import Policy
-from ..structured import GrammarCompiler
-from .input_processor import InputProcessor, params_per_prompt
+from ..testing import lend, take_back
+from .input_processor import check_deadline, params_per_prompt
 from .launch import Launcher
+from .profiling import Profiling
 from .prompts import Prompt
 from .request_tracker import RequestTracker
-from .setup import check_tokenizers, plan_engine
+from .served_models import ServedModels
+from .setup import plan_engine
 from .tool_calls import ToolCallParser, ToolChoice
-
-log = logging.getLogger(__name__)
+from .views import EngineHealth, EngineInfo, ModelStats
 
 NOT_RUNNING = "the engine is not running: use `async with Engine(...)` or `await start()`"
-
-
-def check_deadline(deadline_s) -> None:
-    if deadline_s is None:
-        return
-    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < float("inf"):
-        raise InvalidRequestError("deadline_s", f"must be a number of seconds > 0, got {deadline_s!r}")
-
-
-@dataclass
-class ModelStats(WorkerStats):
-    """A worker's statistics, and with delayed_batching="auto" the throughput model's current
-    choice and prediction (the same object for every model)."""
-
-    throughput_prediction: ThroughputPrediction | None = None
-
-
-@dataclass(frozen=True)
-class EngineHealth:
-    healthy: bool  # running, with every worker alive
-    running: bool  # started and not closed
-    workers: dict[str, str]  # per model: "ok", "stopped", "stuck: ..." or the error that killed it
 
 
 class Engine:
@@ -75,6 +52,9 @@ class Engine:
     `batch_wait_s`, `mode` ("routed", or the "standard" and "lockstep" baselines), `stop_timeout`,
     `auto_batching`, `ray_address` and `placement_strategy` (docs/sdk.md lists them). Everything
     is checked at construction; a bad argument raises `ConfigError` naming it.
+
+    Its parts are private: what a caller reads goes through `info()`, `stats()`, `health()` and
+    `metrics()`; tests reach a worker through `tokenrouter.testing`, which the engine lends it to.
     """
 
     def __init__(
@@ -84,47 +64,28 @@ class Engine:
         **options,
     ):
         plan = plan_engine(models, policy, options)
-        self.plan = plan
-        self.specs = plan.specs
-        self.policy = plan.policy
-        self.options = plan.options
-        self.loaded: dict[str, LoadedModel] = {}
-        self.workers: dict[str, Worker] = {}
-        self.profiles: dict[str, LatencyProfile] = {}
-        self.stuck_workers: list[str] = []  # workers the last close() had to abandon
-        self.running = False
-        self.request_metrics = RequestMetrics(list(self.specs))  # what metrics() reports of ended requests
-        self.auto: AutoBatching | None = None  # delayed_batching="auto": autobatch/controller.py
-        if plan.auto_batching:
-            self.auto = AutoBatching(
-                policy=self.policy,
-                specs=self.specs,
-                batch_wait_s=self.options.batch_wait_s,
-                options=self.options.auto_batching_options,
-                workers=lambda: self.workers,
-                loaded=lambda: self.loaded,
-                profiles=lambda: self.profiles,
-                in_flight=self._in_flight,
-            )
-        self.launcher = Launcher(plan, self._dispatch, self._in_flight)
-        self.tracker = RequestTracker(
-            self.policy,
-            self.launcher.before_submit,
-            self.request_metrics.record,
-            # the throughput model counts requests as they start and end
-            in_flight_changed=self.auto.count_inflight if self.auto is not None else (lambda: None),
+        self._plan = plan
+        self._running = False
+        self._request_metrics = RequestMetrics(list(plan.specs))  # what metrics() reports of ended requests
+        self._profiling = Profiling(plan, self._in_flight, lambda: self._models.workers, lambda: self._models.loaded)
+        self._launcher = Launcher(plan, self._dispatch, self._in_flight)
+        self._tracker = RequestTracker(
+            plan.policy,
+            self._launcher.before_submit,
+            self._request_metrics.record,
+            in_flight_changed=self._profiling.count_inflight,  # the throughput model counts requests
         )
-        self.inputs: InputProcessor | None = None  # once the models are loaded
+        self._models = ServedModels(plan, self._launcher, self._tracker, self._profiling)
 
     def _in_flight(self) -> int:
         """Requests submitted and not yet ended: what load-aware planners (auto B, Speculative's
         draft length, the actors' copies of the policy) plan for."""
-        return len(self.tracker)
+        return len(self._tracker)
 
     def _dispatch(self, events) -> None:
         """Where every worker delivers each step's events (the tracker is made after the launcher
         that hands this to the workers)."""
-        self.tracker.dispatch(events)
+        self._tracker.dispatch(events)
 
     # ---- lifecycle -------------------------------------------------------------------------
     async def __aenter__(self) -> Engine:
@@ -136,68 +97,28 @@ class Engine:
 
     async def start(self) -> None:
         """Load every model (one at a time, to bound peak memory) and start the workers."""
-        if self.running:
+        if self._running:
             raise EngineNotRunningError("the engine is already running")
-        workers, loaded = await self.launcher.start()
-        try:
-            check_tokenizers(self.policy, loaded)
-            entry = loaded[self.policy.entry_model]
-            eos = frozenset().union(*(loaded[m].eos_token_ids for m in self.policy.models))
-            grammars = GrammarCompiler(entry.tokenizer, entry.vocab_size, eos)
-            self.policy.validate(dict(loaded))  # e.g. a learned router trained for another pair
-            self.policy.use_in_flight(self._in_flight)
-            self.workers, self.loaded = workers, loaded
-            self.tracker.workers, self.tracker.tokenizer = workers, entry.tokenizer
-            self.inputs = InputProcessor(entry, workers, self.policy.models, grammars, self.tracker.in_use)
-            if self.auto is not None or self.policy.wants_profiles:
-                await self._use_profiles()
-        except BaseException:
-            await self.launcher.stop(workers, self.options.stop_timeout)
-            self.loaded, self.workers = {}, {}
-            raise
-        self.running = True
-        if self.auto is not None:
-            self.auto.start()  # only with every model's profile
-
-    async def _use_profiles(self) -> None:
-        """Profile the models (or read their cached profiles) for the throughput model and a
-        policy that plans with them; serve anyway if that fails: B = 1, the policy on its defaults."""
-        try:
-            await self.profile()
-        except Exception as e:
-            log.error("profiling the models failed: %s", e)
-            if self.auto is not None:
-                self.auto.profiling_failed(e)
-        if self.policy.wants_profiles and len(self.profiles) == len(self.specs):
-            self.policy.use_profiles(dict(self.profiles))
-            await self.launcher.share_profiles(dict(self.profiles))
+        await self._models.start(self._in_flight)  # api/served_models.py: the start sequence
+        self._running = True
+        self._profiling.start()  # the throughput model, with every model's profile
+        lend(self, self._models.workers, self._models.loaded, self._in_flight)
 
     async def close(self) -> None:
         """Stop the workers; requests still in flight end with finish_reason 'abort'."""
-        if not self.workers:
+        if not self._models.workers:
             return
-        self.running = False
-        if self.auto is not None and self.auto.running:
-            await anyio.to_thread.run_sync(self.auto.stop)
-        stuck = await self.launcher.stop(self.workers, self.options.stop_timeout)
-        self.workers.clear()
-        self.loaded.clear()
-        self.stuck_workers = stuck
-        if stuck:  # their requests would otherwise wait forever: end them here
-            self.tracker.end_all(stuck[0], f"the engine closed while worker(s) {stuck} were stuck")
+        self._running = False
+        take_back(self)
+        await self._profiling.stop()
+        await self._models.stop()
 
     # ---- requests --------------------------------------------------------------------------
     async def _prepare(self, prompt, params, request_id, tools, tool_choice, parallel_tool_calls=True):
         """A caller's input checked and turned into requests (one per sample) and its tool-call parser."""
-        if not self.running:
+        if not self._running:
             raise EngineNotRunningError(NOT_RUNNING)
-        return await self.inputs.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
-
-    @property
-    def tokenizer(self):
-        """The entry model's tokenizer (every routed model shares its vocabulary): token ids to
-        text, for logprobs' token strings; None before the engine has started."""
-        return self.loaded[self.policy.entry_model].tokenizer if self.loaded else None
+        return await self._models.inputs.prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
 
     async def generate(
         self,
@@ -267,7 +188,7 @@ class Engine:
     async def _run(self, reqs, parser: ToolCallParser | None, deadline_s: float | None = None) -> RequestOutput:
         """A request (its samples) to its end: the first sample's output, with every sample's."""
         procs, finals = {}, {}
-        async for i, delta, proc in self.tracker.follow(reqs, parser, deadline_s):
+        async for i, delta, proc in self._tracker.follow(reqs, parser, deadline_s):
             procs[i] = proc
             if delta.output is not None:  # each sample's last delta, its tool calls taken out
                 finals[i] = delta.output
@@ -321,7 +242,7 @@ class Engine:
         interleave, each with its `index`, and each sample has its own last delta."""
         check_deadline(deadline_s)
         reqs, parser = await self._prepare(prompt, params, request_id, tools, tool_choice, parallel_tool_calls)
-        follow = self.tracker.follow(reqs, parser, deadline_s)
+        follow = self._tracker.follow(reqs, parser, deadline_s)
         try:
             async for _, delta, _ in follow:
                 yield delta
@@ -331,43 +252,43 @@ class Engine:
     async def abort(self, request_id: str) -> None:
         """End a request early (every sample of an n > 1 request); its generate/stream ends with
         finish_reason 'abort'."""
-        self.tracker.abort(request_id)
+        self._tracker.abort(request_id)
 
     # ---- introspection ---------------------------------------------------------------------
+    def info(self) -> EngineInfo:
+        """What the engine serves, as read-only values (api/views.py): its policy and entry model,
+        each model's spec and, once started, what it loaded as (precision, kernels, dtypes,
+        tokenizer, context length), the latency profiles so far, and whether it runs."""
+        return EngineInfo.of(
+            self._plan.policy, self._plan.specs, self._models.loaded, self._profiling.profiles, self._running
+        )
+
     def health(self) -> EngineHealth:
         """Whether the engine can take requests; per worker "ok", "stopped", or why it died."""
-        workers = {}
-        for name in self.specs:
-            worker = self.workers.get(name)
-            if worker is None:
-                workers[name] = "stuck: did not stop when closed" if name in self.stuck_workers else "stopped"
-            elif worker.alive:
-                workers[name] = "ok"
-            else:
-                workers[name] = worker.error or "stopped"
-        healthy = self.running and all(v == "ok" for v in workers.values())
-        return EngineHealth(healthy=healthy, running=self.running, workers=workers)
+        return self._models.health(self._running)
 
     def metrics(self) -> EngineMetrics:
         """A snapshot for dashboards (docs/sdk.md): requests ended since the engine was made, by
         finish reason, with time-to-first-token and latency histograms, tokens per model and
         hand-offs; and each running worker's KV blocks and queues. Any thread may call it."""
-        models = {name: ModelMetrics.from_stats(w.stats()) for name, w in list(self.workers.items())}
-        return self.request_metrics.snapshot(models)
+        models = {name: ModelMetrics.from_stats(w.stats()) for name, w in list(self._models.workers.items())}
+        return self._request_metrics.snapshot(models)
 
     def stats(self) -> dict[str, ModelStats]:
         """Per model: KV blocks total/free, running/waiting counts, step timings, B in force and,
         with delayed_batching="auto", the throughput model's prediction."""
-        pred = self.auto.prediction if self.auto is not None else None
-        return {name: ModelStats(**vars(w.stats()), throughput_prediction=pred) for name, w in self.workers.items()}
+        pred = self._profiling.prediction()
+        return {
+            name: ModelStats(**vars(w.stats()), throughput_prediction=pred) for name, w in self._models.workers.items()
+        }
 
     async def reset_prefix_cache(self) -> dict[str, int]:
         """Forget every cached prefix that no request in flight holds, in every worker (between
         its steps), so later requests start cold as on a fresh engine: benchmarks reuse a loaded
         engine this way. Returns the blocks forgotten per model."""
-        if not self.workers:
+        if not self._models.workers:
             raise EngineNotRunningError(NOT_RUNNING)
-        futures = {name: w.reset_prefix_cache() for name, w in self.workers.items()}
+        futures = {name: w.reset_prefix_cache() for name, w in self._models.workers.items()}
         return {name: await anyio.to_thread.run_sync(f.result) for name, f in futures.items()}
 
     # ---- delayed_batching="auto": the throughput model (autobatch/controller.py) ------------
@@ -375,19 +296,13 @@ class Engine:
         """Each model's step-latency profile (`autobatch/latency_profile.py`): read from the cache
         under the store home (`profiles/<key>.json`), else measured now in the worker's own
         thread, between its steps, one model at a time, and cached. `refresh=True` measures again."""
-        if not self.workers:
+        if not self._models.workers:
             raise EngineNotRunningError(NOT_RUNNING)
-        out = await profile_workers(self.workers, refresh)
-        self.profiles.update(out)
-        return out
+        return await self._profiling.measure(self._models.workers, refresh)
 
     def throughput_prediction(self, refresh: bool = False) -> ThroughputPrediction | None:
         """With delayed_batching="auto": the throughput model's current choice of B per model and
         what it predicts (tokens/s, per-token latency, the routing statistics and step-latency
         models it used). `refresh=True` re-picks B now from what has been observed so far.
         None without "auto", or before the engine has started."""
-        if self.auto is None:
-            return None
-        if refresh and self.workers and self.profiles:
-            self.auto.retune()
-        return self.auto.prediction
+        return self._profiling.prediction(retune=refresh and bool(self._models.workers))

@@ -128,6 +128,14 @@ class InputProcessor:
                 )
 
 
+def check_deadline(deadline_s) -> None:
+    """`deadline_s` of `generate` and the others: None, or a finite number of seconds > 0."""
+    if deadline_s is None:
+        return
+    if isinstance(deadline_s, bool) or not isinstance(deadline_s, (int, float)) or not 0 < deadline_s < float("inf"):
+        raise InvalidRequestError("deadline_s", f"must be a number of seconds > 0, got {deadline_s!r}")
+
+
 def params_per_prompt(prompts: Sequence[Prompt], params) -> list[SamplingParams | None]:
     """`generate_batch`'s params: one SamplingParams for all, or one per prompt."""
     if isinstance(prompts, (str, bytes, bytearray, memoryview)) or not isinstance(prompts, Sequence):

@@ -46,7 +46,7 @@ def _kv_budget(cfg: BenchConfig, plan: dict[tuple[str, int], list[Session]]) -> 
 
 
 def _check_context(engine: Engine, cfg: BenchConfig, plan: dict[tuple[str, int], list[Session]]) -> None:
-    limit = min(loaded.max_model_len for loaded in engine.loaded.values())
+    limit = min(model.max_model_len for model in engine.info().models.values())
     for (w, _), sessions in plan.items():
         n = max(s.context_tokens() for s in sessions)
         if n > limit:
@@ -128,8 +128,9 @@ async def run_bench(
             if system not in engines:
                 engines[system] = await open_engine(cfg, system, kv)
                 engine = engines[system]
-                if engine.profiles:  # k="auto" or delayed_batching="auto" planned with these
-                    profiles.setdefault(system, {m: p.to_json() for m, p in engine.profiles.items()})
+                planned_with = engine.info().profiles
+                if planned_with:  # k="auto" or delayed_batching="auto" planned with these
+                    profiles.setdefault(system, {m: p.to_json() for m, p in planned_with.items()})
                 if not checked:
                     _check_context(engine, cfg, plan)
                     checked = True

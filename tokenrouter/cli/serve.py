@@ -56,17 +56,22 @@ def quiet_transformers() -> None:
     transformers.logging.disable_progress_bar()  # per-tensor loading bars; we say "loading" once
 
 
-def precision_of(loaded) -> str:
-    """What a loaded model computes in, and why (its dtype alone where the loader did not say)."""
-    return loaded.precision or str(loaded.dtype).removeprefix("torch.")
+def precision_of(model) -> str:
+    """What a loaded model (its `ModelInfo`) computes in, and why (its dtype alone where the loader
+    did not say)."""
+    return model.precision or str(model.dtype).removeprefix("torch.")
 
 
 def model_lines(engine) -> list[str]:
     """One line per loaded model: what it computes in and why, and what its linear layers run on."""
+    info = engine.info()
     return [
-        f"  {m}: {precision_of(engine.loaded[m])}; linear: {engine.loaded[m].linear_kernel}"
-        for m in engine.policy.models
+        f"  {m}: {precision_of(info.models[m])}; linear: {info.models[m].linear_kernel}" for m in info.policy.models
     ]
+
+
+def loading_line(info) -> str:
+    return f"loading {', '.join(f'{m}={model.spec.path.name}' for m, model in info.models.items())} ..."
 
 
 def messages(args, text: str) -> list[dict]:
@@ -79,16 +84,18 @@ async def generate(args) -> int:
     if not prompt.strip():
         raise UsageError("prompt: is empty")
     engine, params = engine_from_args(args)
-    names = engine.policy.models
+    info = engine.info()
+    names = info.policy.models
     painter = Painter(names, output.use_colour(args) and not args.json)
     t0 = time.perf_counter()
     if not args.json:
-        status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
+        status(painter.dim(loading_line(info)))
     async with engine:
         load_s = time.perf_counter() - t0
-        precision = {m: precision_of(engine.loaded[m]) for m in names}
+        loaded = engine.info().models
+        precision = {m: precision_of(loaded[m]) for m in names}
         if not args.json:
-            status(painter.dim(f"loaded in {load_s:.1f} s; {engine.policy!r}"))
+            status(painter.dim(f"loaded in {load_s:.1f} s; {info.policy!r}"))
             for line in model_lines(engine):
                 status(painter.dim(line))
         request = prompt if args.raw else messages(args, prompt)
@@ -107,8 +114,8 @@ async def generate(args) -> int:
             "text": out.text,
             "token_ids": out.token_ids,
             "token_models": out.token_models,
-            "policy": repr(engine.policy),
-            "models": {m: str(spec.path) for m, spec in engine.specs.items()},
+            "policy": repr(info.policy),
+            "models": {m: str(model.spec.path) for m, model in info.models.items()},
             "precision": precision,
             "summary": {**s, "load_seconds": round(load_s, 3), "steps_by_threads": steps_by_threads},
         }
@@ -131,12 +138,13 @@ async def chat(args) -> int:
 
     engine, params = engine_from_args(args)
     interactive = sys.stdin.isatty()
-    painter = Painter(engine.policy.models, output.use_colour(args))
-    status(painter.dim(f"loading {', '.join(f'{m}={s.path.name}' for m, s in engine.specs.items())} ..."))
+    info = engine.info()
+    painter = Painter(info.policy.models, output.use_colour(args))
+    status(painter.dim(loading_line(info)))
     async with engine:
         for line in model_lines(engine):
             status(painter.dim(line))
-        legend = " ".join(painter.text(m, m) for m in engine.policy.models)
+        legend = " ".join(painter.text(m, m) for m in info.policy.models)
         status(painter.dim(f"ready ({legend}{painter.dim('); /reset forgets the conversation, /exit leaves')}"))
         history = [{"role": "system", "content": args.system}] if args.system else []
         while True:
@@ -169,5 +177,5 @@ async def chat(args) -> int:
                 status(f"tokenrouter: error: the request failed: {out.error}")
                 continue
             history = [*turn, {"role": "assistant", "content": out.text}]
-            print(summary_line(summary(out, engine.policy.models, time.perf_counter() - t0), painter), flush=True)
+            print(summary_line(summary(out, info.policy.models, time.perf_counter() - t0), painter), flush=True)
     return 0

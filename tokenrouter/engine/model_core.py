@@ -90,14 +90,14 @@ class ModelCore:
         self.name = name
         self.spec = spec
         self.policy = policy
-        self.role = Role.in_policy(name, policy)
+        self._role = Role.in_policy(name, policy)
         # False is the "standard serving" baseline: a hand-off frees this worker's KV and goes back
         # to the caller, who sends the whole sequence to the peer as a new request (re-prefill).
-        self.keep_kv_on_handoff = keep_kv_on_handoff
+        self._keep_kv_on_handoff = keep_kv_on_handoff
         self.seqs: dict[str, Sequence] = {}
         self.counters = CoreCounters()
         # a verifier's grammar matchers roll back a whole check
-        depth = max(MAX_ROLLBACK, policy.max_draft + 1) if self.role.verifier_index is not None else MAX_ROLLBACK
+        depth = max(MAX_ROLLBACK, policy.max_draft + 1) if self._role.verifier_index is not None else MAX_ROLLBACK
         self._logits = StepLogits(name, depth)
         self.loaded: LoadedModel | None = None  # the rest is set by load()
         self.runner: ModelRunner | None = None
@@ -116,7 +116,7 @@ class ModelCore:
         """Load the model and allocate the KV pool, in the thread that will step this core.
         `compute` runs each forward elsewhere (the shared CPU compute thread), on `forward_threads`."""
         loaded = load_model(self.name, self.spec, forward_threads)
-        capture = self.role.routes and HIDDEN in self.policy.requires
+        capture = self._role.routes and HIDDEN in self.policy.requires
         rt = build_runtime(self.name, self.spec, loaded, capture, compute, forward_threads)
         self.cache, self.blocks, self.scheduler, self.runner = rt.cache, rt.blocks, rt.scheduler, rt.runner
         self.attention_backend = rt.attention_backend
@@ -127,11 +127,11 @@ class ModelCore:
         stop_rule = StopRule(frozenset(loaded.eos_token_ids))
         embedding = loaded.model.get_input_embeddings() if TOKEN_EMBEDDING in self.policy.requires else None
         self._verification = Verification(
-            self.role, self.policy, held, self._logits, rt.blocks, rt.cache, stop_rule, self.counters
+            self._role, self.policy, held, self._logits, rt.blocks, rt.cache, stop_rule, self.counters
         )
         check = self._verification.check  # a verifier's own proposals go to it
         self._routing = Routing(
-            self.role, self.policy, held, self.counters, stop_rule, embedding, self.keep_kv_on_handoff, check
+            self._role, self.policy, held, self.counters, stop_rule, embedding, self._keep_kv_on_handoff, check
         )
         return loaded
 
@@ -170,7 +170,7 @@ class ModelCore:
             reason, error = ("error", error) if failed else ("abort", None)
             return self._end_arrival(seq, req.request_id, reason, error, out)
         held = len(seq.token_ids) if seq is not None else 0
-        if seq is not None and msg.start < held and self.role.verifier_index is not None:
+        if seq is not None and msg.start < held and self._role.verifier_index is not None:
             held = self._verification.supersede(seq, msg)  # a message is authoritative from its start
         if not msg.start <= held <= msg.start + len(msg.tokens):  # a gap, or the sender knows less than us
             error = (
@@ -192,7 +192,7 @@ class ModelCore:
         if msg.logprobs or seq.draft_logprobs:  # the drafters' records of what is still tentative
             merged = {**seq.draft_logprobs, **{p: r for p, r in msg.logprobs.items() if p >= held}}
             seq.draft_logprobs = {p: r for p, r in merged.items() if p >= seq.num_confirmed}
-        if self.role.verifies and len(seq.token_ids) > seq.num_confirmed:
+        if self._role.verifies and len(seq.token_ids) > seq.num_confirmed:
             self._verification.check(seq, msg.source)
         seq.peer_known[msg.source] = len(seq.token_ids)
         seq.stalls = msg.stalls

@@ -137,19 +137,20 @@ def _system_record(system: System, engine: Engine, plan: EvalPlan) -> dict:
     if system.router is not None:
         weights = Path(system.router) / "router.safetensors"
         router_sha = sha256_file(weights)[:16] if weights.is_file() else None
+    info = engine.info()
     return {
         "type": "system",
         "system": system.label,
         "spec": system.spec,
         "kind": system.kind,
-        "policy": repr(engine.policy),
+        "policy": repr(info.policy),
         "models": list(system.models),
         "value": system.value,
         "router": system.router,
         "router_fingerprint": router_sha,
-        "dtype": {m: str(engine.loaded[m].dtype).removeprefix("torch.") for m in system.models},
-        "precision": {m: engine.loaded[m].precision for m in system.models},
-        "linear_kernel": {m: engine.loaded[m].linear_kernel for m in system.models},
+        "dtype": {m: str(info.models[m].dtype).removeprefix("torch.") for m in system.models},
+        "precision": {m: info.models[m].precision for m in system.models},
+        "linear_kernel": {m: info.models[m].linear_kernel for m in system.models},
         "device": plan.settings.device,
         "date": _now(),
     }
@@ -236,7 +237,7 @@ async def quality_phase(
     engine: Engine, system: System, todo: Sequence[Problem], plan: EvalPlan, say: Callable[[str], None]
 ) -> None:
     """Answer and test every problem of `todo`, appending a record as each ends."""
-    tokenizer = engine.loaded[engine.policy.entry_model].tokenizer
+    tokenizer = engine.info().tokenizer
     params, limits, rf = _params(plan), plan.limits(), plan.results
     in_flight = anyio.CapacityLimiter(plan.settings.concurrency)
     testing = anyio.CapacityLimiter(plan.settings.sandbox_workers)
@@ -305,7 +306,7 @@ async def quality_phase(
 
 async def speed_phase(engine: Engine, system: System, plan: EvalPlan, say: Callable[[str], None]) -> dict:
     """A closed loop keeping C requests in flight over the fixed speed set; its record."""
-    tokenizer = engine.loaded[engine.policy.entry_model].tokenizer
+    tokenizer = engine.info().tokenizer
     problems = plan.speed_problems
     prompts = [prompt_ids(tokenizer, p) for p in problems]
     params, c = _params(plan), plan.settings.concurrency

@@ -90,10 +90,11 @@ class ChatTokenRouter(BaseChatOpenAI):
         if self.use_responses_api:
             raise ValueError("use_responses_api: the engine answers Chat Completions only")
         engine, llm = served(self.engine)
+        info = engine.info()
         if self.model_name is None:
-            self.model_name = engine.policy.entry_model
-        elif self.model_name not in engine.specs:
-            raise ValueError(f"model: {self.model_name!r} is not served by the engine (it serves {list(engine.specs)})")
+            self.model_name = info.entry_model
+        elif self.model_name not in info.models:
+            raise ValueError(f"model: {self.model_name!r} is not served by the engine (it serves {list(info.models)})")
         options = {
             "timeout": self.request_timeout,
             "max_retries": self.max_retries,
@@ -142,7 +143,7 @@ class ChatTokenRouter(BaseChatOpenAI):
         """Tokens as the engine's entry model counts them (not tiktoken's, which fetches its tables)."""
         if self.custom_get_token_ids is not None:
             return self.custom_get_token_ids(text)
-        tokenizer = served(self.engine)[0].tokenizer
+        tokenizer = served(self.engine)[0].info().tokenizer
         if tokenizer is None:
             raise EngineNotRunningError("counting tokens needs the engine's tokenizer: start the engine first")
         return tokenizer.encode(text, add_special_tokens=False)

@@ -34,7 +34,7 @@ class ChatCompletions:
 
     def models(self) -> list[str]:
         """The names a request may give as `model`: the engine's models."""
-        return list(self.engine.specs)
+        return list(self.engine.info().models)
 
     async def create(self, body, *, read_timeout: float | None = None) -> dict | CompletionStream:
         """The answer to a request body; raises `APIError` (the error response) or `ReadTimedOut`."""
@@ -69,8 +69,9 @@ class ChatCompletions:
     def logprobs(self, req: ChatRequest) -> LogprobFormatter | None:
         if not req.logprobs:
             return None
-        if self.formatter is None or self.formatter.tokenizer is not self.engine.tokenizer:
-            self.formatter = LogprobFormatter(self.engine.tokenizer)
+        tokenizer = self.engine.info().tokenizer
+        if self.formatter is None or self.formatter.tokenizer is not tokenizer:
+            self.formatter = LogprobFormatter(tokenizer)
         return self.formatter
 
     async def complete(self, req: ChatRequest, request_id: str, deadline: float) -> dict:

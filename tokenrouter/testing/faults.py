@@ -2,8 +2,9 @@
 around it) copes: a forward that fails, one that is slow or never returns, a scheduler bug that
 kills the worker's loop.
 
-Each takes the engine and a model's name, and holds from that model's next step until the engine
-closes (started again, the engine has new workers, whole).
+Each takes the engine and a model's name (its worker is the one the engine lends, engine_parts.py),
+and holds from that model's next step until the engine closes (started again, the engine has new
+workers, whole).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from functools import partial
 from typing import Any
 
 from ..engine import ForwardOutput, ScheduledBatch, WorkerThread
+from .engine_parts import workers_of
 
 Forward = Callable[[ScheduledBatch], ForwardOutput]
 
@@ -49,7 +51,7 @@ def break_scheduler(engine: Any, model: str, error: Exception) -> None:
     """The first time `model`'s worker holds a request, its scheduler raises `error`: the worker's
     loop dies, as on a bug in it (a failed forward only fails its batch). Its requests fail with
     the error, and `health()` names it. The model may run in a Ray actor."""
-    worker = engine.workers[model]
+    worker = workers_of(engine)[model]
     if isinstance(worker, WorkerThread):
         _break_scheduler_of(worker, error)
     else:  # a RemoteWorker: broken in its actor
@@ -70,7 +72,7 @@ def _break_scheduler_of(worker: WorkerThread, error: Exception) -> None:
 
 
 def _in_process(engine: Any, model: str) -> WorkerThread:
-    worker = engine.workers[model]
+    worker = workers_of(engine)[model]
     if not isinstance(worker, WorkerThread):
         raise TypeError(f"model {model!r} runs in a Ray actor; this fault needs a model in this process")
     return worker

@@ -2,7 +2,7 @@
 own reports (`stats()`, `metrics()`) against the truth, or that wait for or freeze a worker in a
 chosen state (a predicate built on these).
 
-`worker` is a worker in this process (`engine.workers[model]`), or the one that
+`worker` is a worker in this process (`workers_of(engine)[model]`, engine_parts.py), or the one that
 `RemoteWorker.inspect(fn)` hands `fn` in its Ray actor. Read from another thread than the
 worker's own, a value a step is changing may be read half-changed: read while the worker is
 frozen or idle, or from a predicate that runs between its steps.

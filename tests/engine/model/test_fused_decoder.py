@@ -111,7 +111,7 @@ def _run(path, monkeypatch, fused: str, prompt: list[int], tokens: int = 8, dtyp
     async def main():
         spec = ModelSpec(path=path, dtype=dtype, quantization="gguf", kv_cache_tokens=512)
         async with Engine(models={"m": spec}, num_threads=1) as e:
-            assert e.loaded["m"].linear_kernel.startswith("blocks")
+            assert e.info().models["m"].linear_kernel.startswith("blocks")
             forward = e.stats()["m"].model_forward
             off = fused == "off"
             assert forward.startswith("transformers: TOKENROUTER_FUSED_LAYERS=off") if off else forward == "fused"

@@ -18,7 +18,7 @@ import torch
 from tokenrouter import Engine, ModelSpec, RStitch, SamplingParams, Single, store
 from tokenrouter.engine.quant import gguf_native, probe
 from tokenrouter.files import sha256_file
-from tokenrouter.testing import build_tiny_model, write_gguf
+from tokenrouter.testing import build_tiny_model, loaded_model, write_gguf
 
 F32 = dict.fromkeys(probe.QUANTIZED_ROWS, 2.0)
 BLOCKS_WIN = {"int4": F32, "bfloat16": F32, "float32": F32, "blocks": dict.fromkeys(probe.QUANTIZED_ROWS, 1.0)}
@@ -62,7 +62,7 @@ def run(models, policy=None, prompt="The quick brown fox", tokens=6):
         kwargs = {} if models is None else {"models": models}
         async with Engine(policy=policy or Single("large"), num_threads=1, **kwargs) as e:
             out = await e.generate(prompt, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True))
-            m = e.loaded["large"]
+            m = e.info().models["large"]
             return m.precision, m.linear_kernel, out.token_ids
 
     return anyio.run(main)
@@ -166,7 +166,7 @@ def _prompt_logprobs(model_form, prompt):
     async def main():
         async with Engine(models={"m": model_form}, policy=Single("m"), num_threads=1) as e:
             out = await e.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))
-            return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), e.loaded["m"]
+            return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), loaded_model(e, "m")
 
     return anyio.run(main)
 

@@ -80,7 +80,7 @@ def test_models_loading_at_once_share(tiny_model, tmp_path):
 def test_a_routed_engine_holds_one_vocabulary(tiny_pair):
     async def main():
         async with Engine(models=tiny_pair, policy=RStitch(tau=0.2, small="small", large="large")) as engine:
-            small, large = engine.loaded["small"].tokenizer, engine.loaded["large"].tokenizer
+            small, large = (engine.info().models[m].tokenizer for m in ("small", "large"))
             assert small.backend_tokenizer is large.backend_tokenizer
 
     anyio.run(main)

@@ -66,7 +66,7 @@ def test_auto_follows_the_probe_and_caches_it(monkeypatch, tmp_path, tokenizer, 
         async with Engine(models={"m": ModelSpec(path=path, kv_cache_tokens=256)}, num_threads=1) as e:
             out = await e.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
             assert len(out.token_ids) == 3
-            return e.loaded["m"]
+            return e.info().models["m"]
 
     first = anyio.run(main)
     assert first.dtype == want and "measured" in first.precision
@@ -82,7 +82,7 @@ def _answer(path, **spec) -> object:
         async with Engine(models={"m": ModelSpec(path=path, kv_cache_tokens=256, **spec)}, num_threads=1) as e:
             out = await e.generate([5, 6, 7], SamplingParams(max_tokens=3, ignore_eos=True))
             assert len(out.token_ids) == 3 and out.error is None
-            return e.loaded["m"]
+            return e.info().models["m"]
 
     return anyio.run(main)
 
@@ -321,7 +321,7 @@ def _prompt_logprobs_hf(path, prompt, dtype) -> torch.Tensor:
 async def _prompt_logprobs_engine(spec, prompt) -> tuple[torch.Tensor, object]:
     async with Engine(models={"m": spec}, num_threads=1) as e:
         out = await e.generate(prompt, SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0))
-        return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), e.loaded["m"]
+        return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), e.info().models["m"]
 
 
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])

@@ -33,7 +33,7 @@ from tests.helpers import torch_bf16_runs
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.engine.quant import GGUFTensor, q4k_groups
 from tokenrouter.engine.quant.int4 import Int4Linear
-from tokenrouter.testing import build_tiny_model, quantize_q4k, write_gguf
+from tokenrouter.testing import build_tiny_model, loaded_model, quantize_q4k, write_gguf
 
 pytestmark = pytest.mark.cpu_levels  # at this CPU's level and each lower one (tests/conftest.py)
 
@@ -139,7 +139,7 @@ def test_the_gguf_engine_computes_the_checkpoints_own_weights(
         spec = ModelSpec(path=path, dtype=dtype, quantization=quantization, kv_cache_tokens=256)
         async with Engine(models={"m": spec}, num_threads=1) as e:
             out = await e.generate(prompt, SamplingParams(max_tokens=4, prompt_logprobs=0, temperature=0))
-            return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), e.loaded["m"]
+            return torch.tensor([r.logprob for r in out.prompt_logprobs[1:]]), loaded_model(e, "m")
 
     got, loaded = anyio.run(main)
     assert loaded.dtype == getattr(torch, dtype)
@@ -281,7 +281,7 @@ def test_a_prompt_chunked_over_steps_runs_on_the_block_kernels(tmp_path, tokeniz
     async def main(budget: int):
         spec = ModelSpec(path=path, dtype="bfloat16", quantization="gguf", max_num_batched_tokens=budget)
         async with Engine(models={"m": spec}, num_threads=1) as e:
-            assert e.loaded["m"].linear_kernel.startswith("blocks")
+            assert e.info().models["m"].linear_kernel.startswith("blocks")
             return (await e.generate(prompt, SamplingParams(max_tokens=4, temperature=0))).token_ids
 
     assert anyio.run(main, 16) == anyio.run(main, 512)

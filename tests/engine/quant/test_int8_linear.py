@@ -66,7 +66,7 @@ def test_the_loader_quantizes_on_cpu_float32_only(tmp_path, tokenizer):
         async with Engine(models={"m": ModelSpec(path=path, kv_cache_tokens=256, **kw)}) as engine:
             out = await engine.generate([5, 6, 7], SamplingParams(max_tokens=4, ignore_eos=True))
             assert len(out.token_ids) == 4
-            return engine.loaded["m"].linear_kernel
+            return engine.info().models["m"].linear_kernel
 
     assert anyio.run(lambda: kernel(quantization="int8")) == f"int8+{packs}"
     assert anyio.run(lambda: kernel(quantization="int8", onednn_linear=False)) == "int8+torch"

@@ -64,7 +64,7 @@ def test_loader_packs_float32_on_cpu_only(tmp_path, tokenizer):
         for dtype, flag, want in cases:
             spec = ModelSpec(path=path, dtype=dtype, kv_cache_tokens=256, onednn_linear=flag)
             async with Engine(models={"m": spec}) as engine:
-                assert engine.loaded["m"].linear_kernel == want
+                assert engine.info().models["m"].linear_kernel == want
                 out = await engine.generate([1, 2, 3], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))
                 assert len(out.token_ids) == 4
 

@@ -16,6 +16,7 @@ from tests.helpers import generate_all, wait_all_free, wait_until
 from tokenrouter import Engine, ModelSpec, SamplingParams
 from tokenrouter.engine import CoreShare, usable_cores
 from tokenrouter.policies import RStitch
+from tokenrouter.testing import workers_of
 
 
 def test_turns_are_first_come_first_served():
@@ -74,7 +75,7 @@ class NeverTogether:
         self.overlaps = 0
         self.forwards = 0
         self.threads: set[str] = set()
-        for w in engine.workers.values():
+        for w in workers_of(engine).values():
             w.core.runner.execute = self._wrap(w.core.runner.execute)
 
     def _wrap(self, forward):
@@ -105,9 +106,9 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
             await wait_all_free(e)
             stats = e.stats()
             assert sum(s.handoffs_received for s in stats.values()) > 0
-            shares = {e.workers[m].core_share for m in e.workers}
+            shares = {workers_of(e)[m].core_share for m in workers_of(e)}
             if num_threads is not None:
-                assert shares == {None} and {w.core.torch_threads for w in e.workers.values()} == {1}
+                assert shares == {None} and {w.core.torch_threads for w in workers_of(e).values()} == {1}
                 assert seen.threads == {"tokenrouter-worker-small", "tokenrouter-worker-large"}
                 assert all(s.time_waiting_for_cores_s == 0 for s in stats.values())
                 return
@@ -116,7 +117,7 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
             # Every turn is given back. A worker reports a step's events (the caller's requests end,
             # their KV already freed) before it gives up its turn, so wait for that last step to end.
             await wait_until(lambda: share.holder is None and share.waiting() == [], what="every turn given back")
-            assert {w.core.torch_threads for w in e.workers.values()} == {usable_cores()}  # each step on every core
+            assert {w.core.torch_threads for w in workers_of(e).values()} == {usable_cores()}  # each step on every core
             assert seen.forwards > 10 and seen.overlaps == 0
             assert seen.threads == {"tokenrouter-cpu-compute"}  # one OpenMP team for every forward
 
@@ -126,9 +127,9 @@ def test_engine_takes_turns_on_cpu_unless_threads_are_fixed(tiny_pair, num_threa
 def test_single_model_and_lockstep_engines_take_no_turns(tiny_pair):
     async def main():
         async with Engine(models={"small": _specs(tiny_pair)["small"]}) as e:
-            assert e.workers["small"].core_share is None
+            assert workers_of(e)["small"].core_share is None
         async with Engine(models=_specs(tiny_pair), policy=RStitch(tau=TINY_PAIR_TAU), mode="lockstep") as e:
-            assert {w.core_share for w in e.workers.values()} == {None}
+            assert {w.core_share for w in workers_of(e).values()} == {None}
 
     anyio.run(main)
 
