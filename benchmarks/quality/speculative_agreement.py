@@ -10,7 +10,9 @@ follow for each k, with no engine involved (bench_speculative.py measures the en
     python benchmarks/quality/speculative_agreement.py --int8 --out benchmarks/results/speculative-int8/agreement.jsonl
 
 `--int8` also scores a copy of the small model with its linear layers in int8, as
-`ModelSpec(quantization="int8")` loads it (engine/quant/int8.py), on the same answers.
+`ModelSpec(quantization="int8")` loads it (engine/quant/int8.py), on the same answers. The store
+keeps GGUF files; transformers loads their dense copy (`dense_checkpoint`, written once).
+`--small DIR --large DIR` takes another pair.
 """
 
 from __future__ import annotations
@@ -18,19 +20,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
 import sys
 from pathlib import Path
 
-import torch
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the checkout, for `benchmarks.*`
+import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the checkout, for `benchmarks.*`
 from benchmarks.engine.bench_routing import TASKS
 from tokenrouter.api import chat_ids
+from tokenrouter.engine import dense_checkpoint
 from tokenrouter.store import ensure_model
 
 
@@ -54,9 +55,12 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--int8", action="store_true", help="also the small model in int8 (ModelSpec quantization)")
     ap.add_argument("--out", default=None, help="JSON lines, one per task")
+    ap.add_argument("--small", help="the drafter's directory (default: the store's qwen-coder-0.5b)")
+    ap.add_argument("--large", help="the target's directory (default: the store's qwen-coder-1.5b)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    large_path, small_path = str(ensure_model("qwen-coder-1.5b")), str(ensure_model("qwen-coder-0.5b"))
+    large_path = str(dense_checkpoint(args.large or ensure_model("qwen-coder-1.5b")))
+    small_path = str(dense_checkpoint(args.small or ensure_model("qwen-coder-0.5b")))
     tok = AutoTokenizer.from_pretrained(large_path)
     large = AutoModelForCausalLM.from_pretrained(large_path, dtype=torch.float32).eval()
     small = AutoModelForCausalLM.from_pretrained(small_path, dtype=torch.float32).eval()
