@@ -6,6 +6,7 @@ process, and through `Engine.stream`, side by side on the demo pair.
 way (interleaved, the order alternating), greedy, --max-tokens tokens with EOS ignored, so both
 write the very same tokens. Time to first token: from the call to the first piece of text;
 tok/s: tokens over the whole call. Medians over --rounds rounds, after a warm-up of each.
+`--small DIR --large DIR` serves another pair under the same policy.
 
     python benchmarks/engine/bench_openai_overhead.py --json benchmarks/results/openai-overhead/overhead.json
 """
@@ -28,6 +29,7 @@ import torch
 from tokenrouter import Engine, SamplingParams
 from tokenrouter.bench import machine_info
 from tokenrouter.openai import async_client
+from tokenrouter.policies import RStitch
 
 MESSAGES = [{"role": "user", "content": "Write a Python function that checks whether a number is prime."}]
 
@@ -65,7 +67,8 @@ async def through_client(client, max_tokens: int) -> dict:
 
 
 async def measure(args) -> dict:
-    async with Engine(num_threads=2) as engine:
+    pair = {"small": args.small, "large": args.large} if args.small and args.large else None
+    async with Engine(pair, RStitch(tau=0.03), num_threads=2) as engine:
         client = async_client(engine)
         await through_engine(engine, 8)
         await through_client(client, 8)
@@ -112,6 +115,8 @@ def main() -> int:
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--json", type=Path)
+    p.add_argument("--small", help="with --large: this pair's directories (default: Engine()'s, the demo pair)")
+    p.add_argument("--large")
     args = p.parse_args()
     torch.set_num_threads(2)
     result = anyio.run(measure, args)

@@ -50,8 +50,11 @@ from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-import llama_cpp
-from llama_cpp import llama_cpp as llama
+try:
+    import llama_cpp
+    from llama_cpp import llama_cpp as llama
+except ImportError:  # main() says what to install; --help needs none
+    llama_cpp = llama = None
 
 from tokenrouter import store
 from tokenrouter.bench import machine_info
@@ -235,6 +238,8 @@ def main() -> None:
     parser.add_argument("--flash-attn", choices=sorted(FLASH_ATTN), default="off", help="off: as `Llama()`")
     parser.add_argument("--json", type=Path, help="write the report here")
     args = parser.parse_args()
+    if llama is None:
+        raise SystemExit("needs llama-cpp-python: pip install 'tokenrouter[anchor]'")
 
     log: list[str] = []
     log_callback = llama.llama_log_callback(lambda level, text, data: log.append(text.decode(errors="replace")))

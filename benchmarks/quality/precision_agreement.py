@@ -8,7 +8,7 @@ Against float32's answer to the same request it reports the length of the common
 first divergence; after it the texts go their own ways, so later tokens say nothing) and whether
 the answers are equal. One engine at a time, all requests at once.
 
-    python benchmarks/quality/precision_agreement.py --json benchmarks/results/cpu-precision/agreement.json
+    python benchmarks/quality/precision_agreement.py --json benchmarks/results/precision-agreement/agreement.json
 """
 
 from __future__ import annotations
