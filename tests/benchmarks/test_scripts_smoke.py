@@ -7,6 +7,9 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,3 +179,12 @@ def test_the_module_imports(name):
 @pytest.mark.parametrize("name", of(OwnTest))
 def test_its_own_test_runs_it(name):
     assert f"benchmarks/{name}" in (ROOT / SMOKE[name].test).read_text()
+
+
+def test_a_script_run_as_a_file_finds_the_other_folders(tmp_path):
+    """As a user runs them: a fresh Python, started elsewhere, with nothing on PYTHONPATH; the script
+    puts the checkout on sys.path itself to import `benchmarks.kernels.bench_gqa_attention`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    script = BENCHMARKS / "kernels" / "bench_cpu_attention.py"
+    done = subprocess.run([sys.executable, script, "--help"], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert done.returncode == 0 and done.stdout.startswith("usage:"), done.stderr[-3000:]
