@@ -33,7 +33,7 @@ def _rstitch_answer():
             question = [{"role": "user", "content": "Write a Python function that returns the factorial of n."}]
             out = await engine.generate(question, SamplingParams(temperature=0, max_tokens=40))
             await wait_all_free(engine)
-            return out, engine.stats(), {m: engine.loaded[m].precision for m in engine.loaded}
+            return out, engine.stats(), {m: model.precision for m, model in engine.info().models.items()}
 
     return anyio.run(main)
 
@@ -120,7 +120,7 @@ def _large_model(form, tokens: int = 12):
         async with Engine(policy=Single("large"), num_threads=2, **models) as engine:
             question = [{"role": "user", "content": "Write a Python function that returns the factorial of n."}]
             out = await engine.generate(question, SamplingParams(temperature=0, max_tokens=tokens))
-            m = engine.loaded["large"]
+            m = engine.info().models["large"]
             return m.precision, m.linear_kernel, out.token_ids
 
     return anyio.run(main)

@@ -156,7 +156,8 @@ def test_deterministic_serves_the_invariant_kernels_and_refuses_the_others(pair,
     seen = {}
 
     def kernels(engine) -> None:
-        seen.update({m: (engine.loaded[m].linear_kernel, s.attention_backend) for m, s in engine.stats().items()})
+        models = engine.info().models
+        seen.update({m: (models[m].linear_kernel, s.attention_backend) for m, s in engine.stats().items()})
 
     specs = {n: ModelSpec(path=p, kv_cache_tokens=4096, block_size=8, deterministic=True) for n, p in pair.items()}
     alone, loaded = alone_then_among_others(specs, POLICIES["rstitch"], mine, others, params, hook=kernels)
