@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: the checkout, for `benchmarks.*`
-from benchmarks.kernels.bench_gqa_attention import per_call_us
+from benchmarks.kernels.bench_gqa_attention import QUICK, per_call_us
 from tokenrouter.bench import machine_info
 from tokenrouter.engine.attention import cpu_paged
 from tokenrouter.engine.attention.cpu_paged import CpuPagedAttention
@@ -57,7 +57,8 @@ def main(args) -> None:
             row = {"dtype": str(dtype)[6:], "step": name}
             for label, backend in backends.items():
                 backend.plan(meta)
-                row[f"{label}_us"] = per_call_us(lambda: backend.forward(0, q, k, v, meta, DIM**-0.5, None), calls)
+                timing = QUICK if args.quick else {"calls": calls}
+                row[f"{label}_us"] = per_call_us(lambda: backend.forward(0, q, k, v, meta, DIM**-0.5, None), **timing)
             row["c_kernel_speedup"] = row["torch_us"] / row["c_kernel_us"]
             out.append(row)
             print(f"{row['dtype']:8} {name:22} torch {row['torch_us']:8.0f} us  C kernel {row['c_kernel_us']:8.0f} us")
@@ -70,4 +71,5 @@ def main(args) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="every step called once (a smoke test, not a measurement)")
     main(p.parse_args())

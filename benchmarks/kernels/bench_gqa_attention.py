@@ -22,10 +22,11 @@ from tokenrouter.bench import machine_info
 from tokenrouter.engine.attention.torch_paged import grouped_sdpa
 
 HEADS, KV_HEADS, DIM = 12, 2, 128
+QUICK = {"calls": 1, "repeats": 1, "warmup": 0}  # --quick: every case once, a smoke test's timing
 
 
-def per_call_us(f, calls: int = 200, repeats: int = 5) -> float:
-    for _ in range(20):
+def per_call_us(f, calls: int = 200, repeats: int = 5, warmup: int = 20) -> float:
+    for _ in range(warmup):
         f()
     times = []
     for _ in range(repeats):
@@ -38,6 +39,7 @@ def per_call_us(f, calls: int = 200, repeats: int = 5) -> float:
 
 def main(args) -> None:
     torch.set_num_threads(2)
+    t = QUICK if args.quick else {}
     rows = []
     for dtype in (torch.bfloat16, torch.float32):
         for batch, context in ((1, 160), (1, 512), (4, 256), (16, 256)):
@@ -45,8 +47,8 @@ def main(args) -> None:
             k, v = (torch.randn(batch, KV_HEADS, context, DIM, dtype=dtype) for _ in range(2))
             mask = torch.ones(batch, 1, 1, context, dtype=torch.bool)
             mask[..., context - 10 :] = False
-            sdpa = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True))
-            grouped = per_call_us(lambda: grouped_sdpa(q, k, v, mask, DIM**-0.5))
+            sdpa = per_call_us(lambda: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True), **t)
+            grouped = per_call_us(lambda: grouped_sdpa(q, k, v, mask, DIM**-0.5), **t)
             rows.append(
                 {
                     "dtype": str(dtype)[6:],
@@ -69,4 +71,5 @@ def main(args) -> None:
 if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--json")
+    p.add_argument("--quick", action="store_true", help="every case called once (a smoke test, not a measurement)")
     main(p.parse_args())

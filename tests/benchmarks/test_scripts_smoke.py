@@ -8,6 +8,7 @@ from __future__ import annotations
 import importlib
 import json
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -80,13 +81,15 @@ SMOKE: dict[str, Run | Help | Imported | OwnTest] = {
     "kernels/bench_cpu_levels.py": Help("a build of the kernels at every CPU level (minutes)"),
     "kernels/bench_gguf_blocks.py": Help("the probe's timings on the 1.5B model's shapes (a minute)"),
     "kernels/bench_linear_kernels.py": Help(DEMO),
-    "kernels/bench_cpu_attention.py": Help("timings over contexts up to 1024 tokens (half a minute)"),
-    "kernels/bench_gqa_attention.py": Help("timings over contexts up to 512 tokens (half a minute)"),
+    "kernels/bench_cpu_attention.py": Run("--quick --json {out}/attention.json", ("attention.json",)),
+    "kernels/bench_gqa_attention.py": Run("--quick --json {out}/gqa.json", ("gqa.json",)),
     "kernels/bench_decode_step.py": OwnTest("tests/test_bench_decode_step.py"),
     "kernels/step_breakdown.py": Help(DEMO),
     "kernels/ggml_step_breakdown.py": Help(LLAMA),
     "kernels/bench_batch_invariance.py": Help("the demo pair's shapes and models (minutes)"),
-    "kernels/bench_huge_pages.py": Help("the 1.5B model's shapes and the model itself"),
+    "kernels/bench_huge_pages.py": Run(
+        "--model '' --copies 1 --rounds 1 --json {out}/huge-pages.json", ("huge-pages.json",)
+    ),
     "kernels/bench_threads.py": Help(DEMO),
     "kernels/openmp_threads.py": Help(DEMO),
     # engine/
@@ -96,7 +99,7 @@ SMOKE: dict[str, Run | Help | Imported | OwnTest] = {
         ("routing.json",),
     ),
     "engine/bench_speculative.py": Run(
-        f"{TINY} --k 2 --systems large speculative --concurrency 2 --min-requests 2 --repeats 1 --max-tokens 6 "
+        f"{TINY} --k 2 --systems large speculative --concurrency 1 --min-requests 1 --repeats 1 --max-tokens 4 "
         "--kv-cache-tokens 1024 --json {out}/speculative.json",
         ("speculative.json",),
     ),
@@ -150,7 +153,7 @@ def test_every_script_has_a_smoke_test():
 @pytest.mark.parametrize("name", of(Run))
 def test_the_script_runs_on_the_tiny_pair(name, tiny_pair, tmp_path, capsys):
     how = SMOKE[name]
-    args = how.args.format(small=tiny_pair["small"], large=tiny_pair["large"], out=tmp_path).split()
+    args = shlex.split(how.args.format(small=tiny_pair["small"], large=tiny_pair["large"], out=tmp_path))
     status = run_script(BENCHMARKS / name, args)
     out = capsys.readouterr()
     assert status == 0, f"{name} exited {status!r}:\n{out.out[-3000:]}\n{out.err[-3000:]}"
