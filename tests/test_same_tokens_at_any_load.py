@@ -129,8 +129,14 @@ def test_prompts_in_chunks_or_from_the_prefix_cache_give_the_same_tokens(pair, t
     assert moved_under_load(alone, whole) == []
 
 
-@pytest.mark.parametrize("policy", ["rstitch", "speculative"])
+@pytest.mark.parametrize("policy", ["rstitch", "bild"])
 def test_seeded_sampling_gives_the_same_tokens_alone_and_among_others(pair, tokenizer, policy):
+    """A seeded draw is a hash of (seed, position), and under these policies a request's path
+    (which model writes each token) follows its own logits alone. Not under Speculative: the
+    target checks a whole step's drafts once any row's are due, so how many drafts a request has
+    at a check follows the others in flight; for greedy rows that changes nothing, for sampled
+    ones the acceptance test then draws other numbers (the target's distribution, another token;
+    docs/policies.md)."""
     vocab = len(tokenizer)
     mine = _prompts(vocab, [4 + 5 * i for i in range(8)], seed=5)
     others = _prompts(vocab, [3 + 6 * i for i in range(8)], seed=6)
