@@ -76,7 +76,7 @@ def bind(lib: ctypes.CDLL, path: Path) -> Kernel:
         *(i32, f32, i32),  # window, scale, threads
     ]
     lib.tr_attention_level.restype = i32
-    return Kernel(path, native.cpu.LEVELS[lib.tr_attention_level()], fn)
+    return Kernel(path, native.cpu.ALL_LEVELS[lib.tr_attention_level()], fn)
 
 
 @dataclass(frozen=True)

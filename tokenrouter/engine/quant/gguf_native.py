@@ -139,7 +139,7 @@ def bind(lib: ctypes.CDLL, path: Path) -> Library:
         fn.restype, fn.argtypes = restype, argtypes
     return Library(
         path,
-        native.cpu.LEVELS[lib.tr_level()],
+        native.cpu.ALL_LEVELS[lib.tr_level()],
         lib.tr_gguf_matmul,
         lib.tr_gguf_packed_bytes,
         lib.tr_gguf_repack,
