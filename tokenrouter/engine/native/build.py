@@ -8,17 +8,25 @@ level's target flags from `cpu.py`: `-march=native` at the CPU's own level, `-ma
 style flags at a lower pinned one, and `-DTR_LEVEL=<n>`, which picks the files that compute). The
 key is made of the sources, the compiler, the flags and the CPU, so a library builds once per
 machine kind and level (a few seconds; a new build replaces the old one of its level). Its OpenMP
-is the one torch already loaded (the same `libgomp.so.1`), so its threads are torch's. Where there
-is no compiler or the build fails, `load` answers the reason, and the caller keeps torch's kernels.
+is the one torch already loaded (the same `libgomp.so.1`), so its threads are torch's.
+
+A compiler without OpenMP (Apple clang; `takes_openmp` asks it once with a tiny compile) builds
+the kernels with `-pthread` instead: `parallel.h` splits their rows over POSIX threads the way
+OpenMP's static schedule does, so each row's result is the same. `TOKENROUTER_OPENMP=0` (or
+`build(..., openmp=False)`) builds that way where OpenMP is there too, in a cache entry of its own
+(`<name>-<level>-pthreads-<key>.so`): the tests hold it to the OpenMP build. Where there is no
+compiler or the build fails, `load` answers the reason, and the caller keeps torch's kernels.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import json
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -33,12 +41,15 @@ from . import cpu
 log = logging.getLogger(__name__)
 
 BASE_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC"]
+PTHREAD_FLAGS = ["-O3", "-pthread", "-shared", "-fPIC"]  # no OpenMP: parallel.h's POSIX threads
+OPENMP_ENV = "TOKENROUTER_OPENMP"  # 0 / off / false / no: build without OpenMP where the compiler has it
 HERE = Path(__file__).parent  # the C sources live beside their builder
-SHARED = [HERE / "level.h"]  # what every library includes: the level's macros
+SHARED = [HERE / "level.h", HERE / "parallel.h"]  # what every library includes: the level's macros, its threads
 T = TypeVar("T")
 
 _lock = threading.Lock()
-_loaded: dict[tuple[str, str, str], object] = {}  # (sources, home, level) -> what `open_` made of it, or why none
+# (sources, home, level, OpenMP) -> what `open_` made of it, or why none
+_loaded: dict[tuple[str, str, str, bool], object] = {}
 
 
 @dataclass(frozen=True)
@@ -65,9 +76,43 @@ def sources(name: str) -> Sources:
     return Sources(name, folder)
 
 
-def flags(level: cpu.CpuLevel) -> list[str]:
-    """The compiler's flags for a library at `level`."""
-    return [*BASE_FLAGS, *level.compile_flags(), f"-DTR_LEVEL={level.rank}"]
+def flags(level: cpu.CpuLevel, openmp: bool = True, cc_version: str = "") -> list[str]:
+    """The compiler's flags for a library at `level`, with OpenMP or POSIX threads; `cc_version`
+    (the compiler's `--version`) picks Apple clang's target flags (cpu.py)."""
+    base = BASE_FLAGS if openmp else PTHREAD_FLAGS
+    return [*base, *level.compile_flags(cc_version), f"-DTR_LEVEL={level.rank}"]
+
+
+def openmp_wanted() -> bool:
+    """Whether the environment lets the kernels use OpenMP (TOKENROUTER_OPENMP; default yes)."""
+    return os.environ.get(OPENMP_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+OPENMP_PROBE = """
+int tr_openmp_probe(int n, float *x) {
+#pragma omp parallel for schedule(static)
+    for (int i = 0; i < n; i++) x[i] += 1.0f;
+    return n;
+}
+"""
+
+
+@functools.lru_cache(maxsize=8)
+def takes_openmp(cc: str, cc_version: str = "") -> bool:
+    """Whether `cc` builds a shared library with -fopenmp (Apple clang refuses the flag; clang
+    without libomp finds no runtime to link): a tiny compile, once per compiler and version."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = Path(tmp) / "probe.c"
+        source.write_text(OPENMP_PROBE)
+        try:
+            done = subprocess.run(
+                [cc, "-fopenmp", "-shared", "-fPIC", "-o", str(Path(tmp) / "probe.so"), str(source)],
+                capture_output=True,
+                timeout=60,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return False
+    return done.returncode == 0
 
 
 def cpu_identity() -> dict:
@@ -86,7 +131,7 @@ def load(src: Sources, open_: Callable[[ctypes.CDLL, Path], T], home: str | Path
     from ... import store
 
     level = cpu.current()
-    key = (str(src.folder), str(store.home_dir(home)), level.level)
+    key = (str(src.folder), str(store.home_dir(home)), level.level, openmp_wanted())
     with _lock:
         if key not in _loaded:
             try:
@@ -99,18 +144,22 @@ def load(src: Sources, open_: Callable[[ctypes.CDLL, Path], T], home: str | Path
     return (None, got) if isinstance(got, str) else (got, "")  # type: ignore[return-value]
 
 
-def build(src: Sources, folder: Path, level: cpu.CpuLevel | None = None) -> Path:
+def build(src: Sources, folder: Path, level: cpu.CpuLevel | None = None, openmp: bool | None = None) -> Path:
     """The shared library of `src` for this compiler, CPU and `level` (default: the current one),
-    built into `folder` if not there."""
+    built into `folder` if not there; with OpenMP where the compiler takes it, unless `openmp` is
+    False (None: as TOKENROUTER_OPENMP says)."""
     level = level or cpu.current()
     cc = compiler()
     if cc is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    args = flags(level)
+    openmp = (openmp_wanted() if openmp is None else openmp) and takes_openmp(cc, version)
+    args = flags(level, openmp, version)
     key = {"source": src.text(), "cc": version, "flags": args, "cpu": cpu_identity(), "level": level.level}
+    if not openmp:  # the OpenMP build's key is as it always was
+        key["openmp"] = False
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    stem = f"{src.name.replace('_', '-')}-{level.level}"
+    stem = f"{src.name.replace('_', '-')}-{level.level}" + ("" if openmp else "-pthreads")
     path = folder / f"{stem}-{digest}.so"
     if path.is_file():
         return path
@@ -122,8 +171,10 @@ def build(src: Sources, folder: Path, level: cpu.CpuLevel | None = None) -> Path
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
         os.replace(out, path)
+    same = re.compile(re.escape(stem) + r"-[0-9a-f]{16}\.so")  # this variant's: the other keeps its own
     for old in folder.glob(f"{stem}-*.so"):  # earlier builds (a process still using one keeps its mapping)
-        if old != path:
+        if old != path and same.fullmatch(old.name):
             old.unlink(missing_ok=True)
-    log.info("built the %s kernels for CPU level %s: %s", src.name, level.level, path)
+    threads = "OpenMP" if openmp else "POSIX threads"
+    log.info("built the %s kernels for CPU level %s (%s): %s", src.name, level.level, threads, path)
     return path

@@ -4,10 +4,38 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../parallel.h"
 #include "blocks.h"
 
 /* The level this build computes at (blocks.h: 0 plain C, 1 AVX2, 2 AVX512 VNNI). */
 int tr_level(void) { return TR_LEVEL; }
+
+typedef struct { /* tr_gguf_matmul_packed's groups of 16 rows of W: what each needs */
+    int type;
+    const uint8_t *packed;
+    int64_t N, K, M, group_size;
+    const QuantX *qx;
+    void *y;
+    int y_bf16;
+    const float *bias;
+} PackedGroups;
+
+static void packed_group(const void *ctx, int64_t grp) { /* one group against every row of x */
+    const PackedGroups *j = ctx;
+    const int64_t M = j->M, N = j->N;
+    const uint8_t *g = j->packed + grp * j->group_size;
+    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+        const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
+        float out[TILE * GROUP];
+        group_kernel(j->type, g, j->qx, j->K, m0, mt, out);
+        for (int L = 0; L < GROUP; L++) {
+            const int64_t n = grp * GROUP + L;
+            if (n >= N) break;
+            const float bn = j->bias ? j->bias[n] : 0.0f;
+            for (int i = 0; i < mt; i++) store_y(out[GROUP * i + L] + bn, j->y_bf16, j->y, (m0 + i) * N + n);
+        }
+    }
+}
 
 /* y[M][N] = x[M][K] . W[N][K]^T (+ bias[N]), W repacked by tr_gguf_repack. Returns 0, -1 for a
  * type or shape it cannot take, -2 out of memory. */
@@ -20,21 +48,8 @@ int tr_gguf_matmul_packed(int type, const uint8_t *packed, int64_t N, int64_t K,
         free_x(&qx);
         return -2;
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t grp = 0; grp < groups; grp++) {
-        const uint8_t *g = packed + grp * nb * gb;
-        for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-            const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
-            float out[TILE * GROUP];
-            group_kernel(type, g, &qx, K, m0, mt, out);
-            for (int L = 0; L < GROUP; L++) {
-                const int64_t n = grp * GROUP + L;
-                if (n >= N) break;
-                const float bn = bias ? bias[n] : 0.0f;
-                for (int i = 0; i < mt; i++) store_y(out[GROUP * i + L] + bn, y_bf16, y, (m0 + i) * N + n);
-            }
-        }
-    }
+    const PackedGroups job = {type, packed, N, K, M, nb * gb, &qx, y, y_bf16, bias};
+    TR_PARALLEL_FOR(groups, threads, packed_group, &job);
     free_x(&qx);
     return 0;
 }
@@ -57,6 +72,60 @@ static void rms_norm_row(const float *x, const float *w, float eps, int64_t K, f
     for (int64_t k = 0; k < K; k++) ss += (double)x[k] * x[k];
     const float r = 1.0f / sqrtf((float)(ss / (double)K) + eps);
     for (int64_t k = 0; k < K; k++) out[k] = w[k] * (x[k] * r);
+}
+
+typedef struct { /* tr_gguf_linears' RMSNorm of x's rows */
+    const float *x, *w;
+    float eps;
+    int64_t K;
+    float *out;
+} NormRows;
+
+static void norm_row(const void *ctx, int64_t m) {
+    const NormRows *j = ctx;
+    rms_norm_row(j->x + m * j->K, j->w, j->eps, j->K, j->out + m * j->K);
+}
+
+typedef struct { /* tr_gguf_linears' items (a group of 16 rows of one weight): what each needs */
+    const int *types;
+    const uint8_t *const *packed;
+    const int64_t *Ns;
+    const float *const *biases;
+    int64_t K, M;
+    float *y;
+    int64_t ldy;
+    int epilogue;
+    const int64_t *first, *col, *nb, *gb;
+    const int *share;
+    const QuantX *qx;
+} LinearItems;
+
+static void linear_item(const void *ctx, int64_t item) {
+    const LinearItems *j = ctx;
+    const int64_t M = j->M, K = j->K;
+    const int epilogue = j->epilogue;
+    int w = 0;
+    while (item >= j->first[w + 1]) w++;
+    const int64_t grp = item - j->first[w];
+    const float *b0 = j->biases[w], *b1 = epilogue == EPI_SILU_MUL ? j->biases[1] : NULL;
+    for (int64_t m0 = 0; m0 < M; m0 += TILE) {
+        const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
+        float out[TILE * GROUP], up[TILE * GROUP];
+        group_kernel(j->types[w], j->packed[w] + grp * j->nb[w] * j->gb[w], &j->qx[j->share[w]], K, m0, mt, out);
+        if (epilogue == EPI_SILU_MUL)
+            group_kernel(j->types[1], j->packed[1] + grp * j->nb[1] * j->gb[1], &j->qx[j->share[1]], K, m0, mt, up);
+        for (int L = 0; L < GROUP; L++) {
+            const int64_t n = grp * GROUP + L;
+            if (n >= j->Ns[w]) break;
+            for (int i = 0; i < mt; i++) {
+                float *at = j->y + (m0 + i) * j->ldy + j->col[w] + n;
+                const float v = out[GROUP * i + L] + (b0 ? b0[n] : 0.0f);
+                if (epilogue == EPI_STORE) *at = v;
+                else if (epilogue == EPI_ADD) *at = *at + v;
+                else *at = v / (1.0f + expf(-v)) * (up[GROUP * i + L] + (b1 ? b1[n] : 0.0f));
+            }
+        }
+    }
 }
 
 /* y = the `count` weights' products with x (RMSNorm(x) * norm_w where norm_w is given), per
@@ -93,8 +162,8 @@ int tr_gguf_linears(int count, const int *types, const uint8_t *const *packed, c
     if (norm_w) {
         xn = malloc(sizeof(float) * (size_t)(M * K));
         if (!xn) return -2;
-#pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
-        for (int64_t m = 0; m < M; m++) rms_norm_row(x + m * K, norm_w, eps, K, xn + m * K);
+        const NormRows norm = {x, norm_w, eps, K, xn};
+        TR_PARALLEL_FOR_IF(M > 1, M, threads, norm_row, &norm);
         src = xn;
     }
     QuantX qx[MAX_LINEARS];
@@ -104,31 +173,8 @@ int tr_gguf_linears(int count, const int *types, const uint8_t *const *packed, c
         if (share[w] == w) rc = quantize_x(types[w], src, 0, K, M, threads, quantize_row_level, &qx[w]);
     if (rc == 0) {
         const int64_t items = first[count];
-#pragma omp parallel for schedule(static) num_threads(threads)
-        for (int64_t item = 0; item < items; item++) {
-            int w = 0;
-            while (item >= first[w + 1]) w++;
-            const int64_t grp = item - first[w];
-            const float *b0 = biases[w], *b1 = epilogue == EPI_SILU_MUL ? biases[1] : NULL;
-            for (int64_t m0 = 0; m0 < M; m0 += TILE) {
-                const int mt = M - m0 < TILE ? (int)(M - m0) : TILE;
-                float out[TILE * GROUP], up[TILE * GROUP];
-                group_kernel(types[w], packed[w] + grp * nb[w] * gb[w], &qx[share[w]], K, m0, mt, out);
-                if (epilogue == EPI_SILU_MUL)
-                    group_kernel(types[1], packed[1] + grp * nb[1] * gb[1], &qx[share[1]], K, m0, mt, up);
-                for (int L = 0; L < GROUP; L++) {
-                    const int64_t n = grp * GROUP + L;
-                    if (n >= Ns[w]) break;
-                    for (int i = 0; i < mt; i++) {
-                        float *at = y + (m0 + i) * ldy + col[w] + n;
-                        const float v = out[GROUP * i + L] + (b0 ? b0[n] : 0.0f);
-                        if (epilogue == EPI_STORE) *at = v;
-                        else if (epilogue == EPI_ADD) *at = *at + v;
-                        else *at = v / (1.0f + expf(-v)) * (up[GROUP * i + L] + (b1 ? b1[n] : 0.0f));
-                    }
-                }
-            }
-        }
+        const LinearItems job = {types, packed, Ns, biases, K, M, y, ldy, epilogue, first, col, nb, gb, share, qx};
+        TR_PARALLEL_FOR(items, threads, linear_item, &job);
     }
     for (int w = 0; w < count; w++)
         if (share[w] == w) free_x(&qx[w]);

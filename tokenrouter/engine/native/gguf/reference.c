@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 
+#include "../parallel.h"
 #include "blocks.h"
 
 /* ---- x rounded to int8 ---- */
@@ -143,6 +144,24 @@ static float dot_nibbles_ref(int type, const uint8_t *w, const int8_t *q, const 
 
 /* ---- x rounded to int8 for M rows at once (in parallel where M > 1) ---- */
 
+typedef struct { /* quantize_x's rows: what each needs */
+    QuantizeRow row;
+    const void *x;
+    size_t esize;
+    int x_bf16;
+    int64_t K;
+    int bv, offset;
+    QuantX *qx;
+} QuantizeRows;
+
+static void quantize_one(const void *ctx, int64_t m) {
+    const QuantizeRows *j = ctx;
+    const int64_t K = j->K, nb = K / j->bv;
+    QuantX *qx = j->qx;
+    j->row((const char *)j->x + m * K * j->esize, j->x_bf16, K, j->bv, j->offset, qx->q + m * K, qx->d + m * nb,
+           qx->bsums + m * (K / 16), qx->bsum32 + m * (K / 32), qx->xo + m * (K / 32));
+}
+
 TR_INTERNAL int quantize_x(int type, const void *x, int x_bf16, int64_t K, int64_t M, int threads, QuantizeRow row,
                            QuantX *qx) {
     const int bv = block_values(type);
@@ -153,12 +172,8 @@ TR_INTERNAL int quantize_x(int type, const void *x, int x_bf16, int64_t K, int64
     qx->bsum32 = malloc(sizeof(int16_t) * (size_t)(M * (K / 32)));
     qx->xo = malloc(sizeof(int32_t) * (size_t)(M * (K / 32)));
     if (!qx->q || !qx->d || !qx->bsums || !qx->bsum32 || !qx->xo) return -2;
-    const size_t esize = x_bf16 ? 2 : 4;
-    const int offset = code_offset(type);
-#pragma omp parallel for schedule(static) num_threads(threads) if (M > 1)
-    for (int64_t m = 0; m < M; m++)
-        row((const char *)x + m * K * esize, x_bf16, K, bv, offset, qx->q + m * K, qx->d + m * nb,
-            qx->bsums + m * (K / 16), qx->bsum32 + m * (K / 32), qx->xo + m * (K / 32));
+    const QuantizeRows job = {row, x, x_bf16 ? 2 : 4, x_bf16, K, bv, code_offset(type), qx};
+    TR_PARALLEL_FOR_IF(M > 1, M, threads, quantize_one, &job);
     return 0;
 }
 
@@ -178,6 +193,25 @@ static void rows_ref(int type, const uint8_t *w, const QuantX *x, int64_t K, int
     }
 }
 
+typedef struct { /* tr_gguf_matmul's rows of W: what each needs */
+    int type;
+    const uint8_t *w;
+    int64_t row_bytes, N, K, M;
+    const QuantX *qx;
+    void *y;
+    int y_bf16;
+    const float *bias;
+} MatmulRows;
+
+static void matmul_row(const void *ctx, int64_t n) { /* W's row n against every row of x */
+    const MatmulRows *j = ctx;
+    for (int64_t m = 0; m < j->M; m++) {
+        float out;
+        rows_ref(j->type, j->w + n * j->row_bytes, j->qx, j->K, m, &out);
+        store_y(out + (j->bias ? j->bias[n] : 0.0f), j->y_bf16, j->y, m * j->N + n);
+    }
+}
+
 /* y[M][N] = x[M][K] . W[N][K]^T (+ bias[N]) in plain C, W as the GGUF file holds it: N rows of
  * K / block_values(type) blocks. x and y are float32 or bf16 (the flags). What the tests hold
  * the repacked path to. Returns 0, -1 for a type or shape it cannot take, -2 out
@@ -186,19 +220,13 @@ int tr_gguf_matmul(int type, const uint8_t *w, int64_t N, int64_t K, const void 
                    int y_bf16, const float *bias, int threads) {
     const int bb = block_bytes(type), bv = block_values(type);
     if (bb == 0 || K % bv != 0 || N <= 0 || M <= 0) return -1;
-    const int64_t row_bytes = K / bv * bb;
     QuantX qx;
     if (quantize_x(type, x, x_bf16, K, M, threads, quantize_row, &qx) != 0) {
         free_x(&qx);
         return -2;
     }
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t n = 0; n < N; n++)
-        for (int64_t m = 0; m < M; m++) {
-            float out;
-            rows_ref(type, w + n * row_bytes, &qx, K, m, &out);
-            store_y(out + (bias ? bias[n] : 0.0f), y_bf16, y, m * N + n);
-        }
+    const MatmulRows job = {type, w, K / bv * bb, N, K, M, &qx, y, y_bf16, bias};
+    TR_PARALLEL_FOR(N, threads, matmul_row, &job);
     free_x(&qx);
     return 0;
 }

@@ -29,6 +29,7 @@
  */
 #include <stdlib.h>
 
+#include "../parallel.h"
 #include "blocks.h"
 
 /* One block of one row decoded into its codes (unsigned), scales and fp16 scale bits. */
@@ -125,24 +126,33 @@ int64_t tr_gguf_packed_bytes(int type, int64_t N, int64_t K) {
     return (N + GROUP - 1) / GROUP * (K / bv) * group_bytes(type);
 }
 
+typedef struct { /* tr_gguf_repack's groups of 16 rows: what each needs */
+    int type;
+    const uint8_t *w;
+    int64_t N, nb;
+    int bb, gb;
+    uint8_t *out;
+} RepackGroups;
+
+static void repack_group(const void *ctx, int64_t grp) {
+    const RepackGroups *j = ctx;
+    Decoded r[GROUP];
+    for (int64_t b = 0; b < j->nb; b++) {
+        for (int L = 0; L < GROUP; L++) {
+            const int64_t n = grp * GROUP + L;
+            if (n < j->N) decode_block(j->type, j->w + n * j->nb * j->bb + b * j->bb, &r[L]);
+            else memset(&r[L], 0, sizeof r[L]);
+        }
+        pack_group(j->type, r, j->out + (grp * j->nb + b) * j->gb);
+    }
+}
+
 /* W (N rows of GGUF blocks) into the layout above, `out` holding tr_gguf_packed_bytes. */
 int tr_gguf_repack(int type, const uint8_t *w, int64_t N, int64_t K, uint8_t *out, int threads) {
     const int64_t size = tr_gguf_packed_bytes(type, N, K);
     if (size == 0) return -1;
-    const int bb = block_bytes(type), gb = group_bytes(type);
-    const int64_t nb = K / block_values(type), groups = (N + GROUP - 1) / GROUP;
     memset(out, 0, (size_t)size);
-#pragma omp parallel for schedule(static) num_threads(threads)
-    for (int64_t grp = 0; grp < groups; grp++) {
-        Decoded r[GROUP];
-        for (int64_t b = 0; b < nb; b++) {
-            for (int L = 0; L < GROUP; L++) {
-                const int64_t n = grp * GROUP + L;
-                if (n < N) decode_block(type, w + n * nb * bb + b * bb, &r[L]);
-                else memset(&r[L], 0, sizeof r[L]);
-            }
-            pack_group(type, r, out + (grp * nb + b) * gb);
-        }
-    }
+    const RepackGroups job = {type, w, N, K / block_values(type), block_bytes(type), group_bytes(type), out};
+    TR_PARALLEL_FOR((N + GROUP - 1) / GROUP, threads, repack_group, &job);
     return 0;
 }

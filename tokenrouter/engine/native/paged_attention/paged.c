@@ -14,6 +14,8 @@
 
 #include <stdlib.h>
 
+#include "../parallel.h"
+
 #if TR_LEVEL == TR_PLAIN
 /* Any CPU, in C the compiler vectorizes (SSE2 at x86-64, NEON at ARM64) without -ffast-math: a
  * score's and a denominator's sums are carried in an array of LANES floats, element by element,
@@ -202,6 +204,31 @@ static void attend(const Problem *pr, int64_t t, int kvh, int64_t width, int64_t
     attend_level(pr, t, kvh, lo, n, width, slots, qf, scores, sum);
 }
 
+#ifndef _OPENMP
+typedef struct { /* the items split in `shares` contiguous runs, a share's scratch its own */
+    const Problem *pr;
+    int64_t items, shares;
+    int kv_heads;
+    int64_t width, most, scratch_floats;
+    int *failed;
+} AttendShares;
+
+static void attend_share(const void *ctx, int64_t k) {
+    const AttendShares *j = ctx;
+    int64_t begin, end;
+    tr_share(j->items, (int)j->shares, (int)k, &begin, &end);
+    float *scratch = malloc(sizeof(float) * (size_t)j->scratch_floats);
+    int64_t *slots = malloc(sizeof(int64_t) * (size_t)(j->most > 0 ? j->most : 1));
+    if (scratch && slots)
+        for (int64_t i = begin; i < end; i++)
+            attend(j->pr, i / j->kv_heads, (int)(i % j->kv_heads), j->width, slots, scratch);
+    else if (begin < end)
+        __atomic_store_n(j->failed, 1, __ATOMIC_RELAXED);
+    free(scratch);
+    free(slots);
+}
+#endif
+
 /* The level this library was built for: 0 plain C, 1 AVX2, 2 AVX512 (cpu.py's LEVELS, in order). */
 int tr_attention_level(void) { return TR_LEVEL; }
 
@@ -252,6 +279,7 @@ int tr_paged_attention(const void *q, int64_t q_stride_t, int64_t q_stride_h, vo
     const int g = heads / kv_heads;
     const int64_t width = (most + SCORE_ALIGN - 1) / SCORE_ALIGN * SCORE_ALIGN, items = tokens * kv_heads;
     int failed = 0;
+#ifdef _OPENMP
 #pragma omp parallel num_threads(threads > 0 ? threads : 1)
     {
         float *scratch = malloc(sizeof(float) * (size_t)(g * width + g + g * dim + LEVEL_SCRATCH(g, dim)));
@@ -267,5 +295,11 @@ int tr_paged_attention(const void *q, int64_t q_stride_t, int64_t q_stride_h, vo
         free(scratch);
         free(slots);
     }
+#else /* parallel.h's threads: one share of the items each, with its scratch */
+    const int64_t most_threads = threads > 0 ? threads : 1, shares = items < most_threads ? items : most_threads;
+    const int64_t scratch_floats = g * width + g + g * dim + LEVEL_SCRATCH(g, dim);
+    const AttendShares job = {&pr, items, shares, kv_heads, width, most, scratch_floats, &failed};
+    TR_PARALLEL_FOR(shares, (int)shares, attend_share, &job);
+#endif
     return failed ? -1 : 0;
 }
