@@ -13,7 +13,10 @@
  *   generic.c        the group kernels in plain C, for any CPU (TR_LEVEL 0)
  *   arch/x86_avx2.c  the group kernels with AVX2 (TR_LEVEL 1): maddubs and madd, 8 rows a vector
  *   arch/x86_avx512.c  with AVX512 VNNI (TR_LEVEL 2): vpdpbusd, 16 rows a vector
- *   arch/group_kernel.h  the dispatch over type and rows both vector levels include
+ *   arch/arm_neon.c  ARM64's (TR_LEVEL 3-5), 4 rows a vector: NEON's widening multiplies (3), sdot
+ *                    (4: dotprod), smmla on two rows of x at a time (5: i8mm); one file, the levels
+ *                    differ only in how 8 codes meet 8 values of x
+ *   arch/group_kernel.h  the dispatch over type and rows every vector level includes
  *   linears.c        the packed matmul, several weights against one x with a layer's epilogue
  *                    (tr_gguf_linears), the rotary product (tr_rope)
  *   layers.c         a decoder's layers in one call (tr_decoder_layers)
@@ -21,8 +24,9 @@
  *
  * At every level a row of y is computed alone, in an order fixed by the level: its result is the
  * same bits in a call of any rows, any tile and any thread count. The integer sums are exact, so
- * the levels differ only where float rounding does (fused multiply-adds at AVX2 and AVX512, none
- * in plain C).
+ * the levels differ only where float rounding does: the vector levels, x86's and ARM64's, scale
+ * each block with the same fused multiply-adds in the same order (the same bits), plain C with a
+ * multiply and an add unless its compiler fuses them.
  */
 #ifndef TR_GGUF_BLOCKS_H
 #define TR_GGUF_BLOCKS_H
