@@ -14,3 +14,13 @@ else
     EXTRAS="test,gpu"
 fi
 .venv/bin/pip install -q -e ".[${EXTRAS}]"
+
+# The ARM64 kernels are checked on x86 machines too, cross-compiled and run under qemu's user-mode
+# emulation (tests/test_arm_emulated.py, which skips without these tools): where this runs as root
+# with apt (CI's containers), it installs them; anywhere else, or if apt fails, setup goes on.
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+    && ! { command -v qemu-aarch64 && command -v aarch64-linux-gnu-gcc; } >/dev/null 2>&1; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+        qemu-user gcc-aarch64-linux-gnu libc6-dev-arm64-cross; } >/dev/null 2>&1 \
+        || echo "setup.sh: qemu-user and gcc-aarch64-linux-gnu not installed: the ARM64 emulation tests will skip" >&2
+fi
