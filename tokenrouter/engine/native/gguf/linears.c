@@ -7,7 +7,7 @@
 #include "../parallel.h"
 #include "blocks.h"
 
-/* The level this build computes at (blocks.h: 0 plain C, 1 AVX2, 2 AVX512 VNNI). */
+/* The level this build computes at: level.h's number (0 plain C, 1 AVX2, 2 AVX512 VNNI, 3-5 ARM64's). */
 int tr_level(void) { return TR_LEVEL; }
 
 typedef struct { /* tr_gguf_matmul_packed's groups of 16 rows of W: what each needs */

@@ -229,7 +229,7 @@ static void attend_share(const void *ctx, int64_t k) {
 }
 #endif
 
-/* The level this library was built for: 0 plain C, 1 AVX2, 2 AVX512 (cpu.py's LEVELS, in order). */
+/* The level this library was built for: level.h's number (cpu.py's ALL_LEVELS, in order). */
 int tr_attention_level(void) { return TR_LEVEL; }
 
 /* out [tokens, heads, dim] (contiguous, q's dtype) for every query of the step. token_row[t]: the
