@@ -5,8 +5,8 @@
  * tiles keys and queries by the call's shapes, so the same token computed in a decode step, in a
  * verifier's check of k drafts, or in a prefill got other bits (docs/evaluation.md, "A row's result
  * must not depend on its step"), and greedy Speculative was not always its target's own output.
- * Here every sum runs in one fixed order, set by the level (L lanes: 16 at AVX512 and in plain C,
- * 8 at AVX2), and the rule holds at every level:
+ * Here every sum runs in one fixed order, set by the level (L lanes: 16 at AVX512, NEON and in
+ * plain C, 8 at AVX2), and the rule holds at every level:
  *   - a score sums q_c * k_c with dimension c in lane c % L, each lane in increasing c, then adds
  *     the lanes by halves (lane i + lane i + L/2 for i < L/2, again down to lane 0 + lane 1: the
  *     order of _mm512_reduce_add_ps);
@@ -37,6 +37,9 @@
  *   arch/x86_avx2.c    the loops with AVX2, FMA and F16C (TR_LEVEL 1): 8 lanes, the tails copied
  *                      or summed one value at a time (no masked 16-bit loads)
  *   arch/x86_avx512.c  the loops with AVX512 (TR_LEVEL 2): 16 lanes, masked loads for the tails
+ *   arch/arm_neon.c    the loops with ARM64's NEON (TR_LEVEL 3, and 4 and 5, which add nothing for
+ *                      attention): 16 lanes as four float32x4_t, fused: AVX512's bits; q copied
+ *                      into rows padded with zeros, the tails read one value at a time
  * build.py compiles them all with -DTR_LEVEL=<n>; exactly one file's attend_level computes.
  */
 #ifndef TR_PAGED_H
@@ -114,9 +117,12 @@ typedef struct {
 } Problem;
 
 /* Floats of scratch a level's loops may use after q (plain C: q again and 4 rows of K or V, in
- * rows padded to 16 floats, then g rows of out). */
+ * rows padded to 16 floats, then g rows of out; NEON: q again in rows padded to 16 floats). */
 #define PADDED(d) (((d) + 15) / 16 * 16)
-#define LEVEL_SCRATCH(g, d) (TR_LEVEL == TR_PLAIN ? (int64_t)((g) + 4) * PADDED(d) + (int64_t)(g) * (d) : 0)
+#define LEVEL_SCRATCH(g, d)                                                                                            \
+    (TR_LEVEL == TR_PLAIN ? (int64_t)((g) + 4) * PADDED(d) + (int64_t)(g) * (d)                                        \
+     : TR_ARM             ? (int64_t)(g) * PADDED(d)                                                                   \
+                          : 0)
 
 /* One query's g = heads / kv_heads heads of KV head kvh, keys [lo, n) at `slots` (their K/V
  * element offsets are slots[j] * dim), q as g * dim floats in `qf`: writes their rows of out.
