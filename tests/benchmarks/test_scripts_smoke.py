@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.benchmarks.script_runs import run_script
+from tokenrouter.engine import native
 
 ROOT = Path(__file__).resolve().parents[2]
 BENCHMARKS = ROOT / "benchmarks"
@@ -25,10 +26,12 @@ BENCHMARKS = ROOT / "benchmarks"
 @dataclass(frozen=True)
 class Run:
     """Run with `args` ({small}, {large}: the tiny pair's directories; {out}: a fresh folder): it must
-    exit 0 and write each of `writes` under {out} (JSON files must parse)."""
+    exit 0 and write each of `writes` under {out} (JSON files must parse). `c_kernels`: it times the
+    package's C kernels, so it needs a C compiler (as their own tests do)."""
 
     args: str
     writes: tuple[str, ...]
+    c_kernels: bool = False
 
 
 @dataclass(frozen=True)
@@ -81,14 +84,14 @@ SMOKE: dict[str, Run | Help | Imported | OwnTest] = {
     "kernels/bench_cpu_levels.py": Help("a build of the kernels at every CPU level (minutes)"),
     "kernels/bench_gguf_blocks.py": Help("the probe's timings on the 1.5B model's shapes (a minute)"),
     "kernels/bench_linear_kernels.py": Help(DEMO),
-    "kernels/bench_cpu_attention.py": Run("--quick --json {out}/attention.json", ("attention.json",)),
+    "kernels/bench_cpu_attention.py": Run("--quick --json {out}/attention.json", ("attention.json",), c_kernels=True),
     "kernels/bench_gqa_attention.py": Run("--quick --json {out}/gqa.json", ("gqa.json",)),
     "kernels/bench_decode_step.py": OwnTest("tests/test_bench_decode_step.py"),
     "kernels/step_breakdown.py": Help(DEMO),
     "kernels/ggml_step_breakdown.py": Help(LLAMA),
     "kernels/bench_batch_invariance.py": Help("the demo pair's shapes and models (minutes)"),
     "kernels/bench_huge_pages.py": Run(
-        "--model '' --copies 1 --rounds 1 --json {out}/huge-pages.json", ("huge-pages.json",)
+        "--model '' --copies 1 --rounds 1 --json {out}/huge-pages.json", ("huge-pages.json",), c_kernels=True
     ),
     "kernels/bench_threads.py": Help(DEMO),
     "kernels/openmp_threads.py": Help(DEMO),
@@ -153,6 +156,8 @@ def test_every_script_has_a_smoke_test():
 @pytest.mark.parametrize("name", of(Run))
 def test_the_script_runs_on_the_tiny_pair(name, tiny_pair, tmp_path, capsys):
     how = SMOKE[name]
+    if how.c_kernels and native.compiler() is None:
+        pytest.skip("no C compiler")
     args = shlex.split(how.args.format(small=tiny_pair["small"], large=tiny_pair["large"], out=tmp_path))
     status = run_script(BENCHMARKS / name, args)
     out = capsys.readouterr()
