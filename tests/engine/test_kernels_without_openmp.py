@@ -141,8 +141,8 @@ def test_the_attention_kernel_computes_the_openmp_builds_bits(attention_kernels,
 
 def test_a_compiler_that_refuses_openmp_builds_with_threads(monkeypatch, tmp_path, attention_kernels):
     """As Apple clang does ("unsupported option '-fopenmp'"): build.py asks it once, then builds
-    with -pthread: here gcc behind a script that refuses the flag, whose build is the very entry
-    the pthreads tests above hold to the OpenMP build's bits."""
+    with -pthread: here gcc behind a script that refuses the flag, whose build is the entry (the
+    same flags and key) the tests above hold to the OpenMP build's bits."""
     real = native.compiler()
     cc = tmp_path / "cc-without-openmp"
     cc.write_text(
@@ -154,8 +154,8 @@ def test_a_compiler_that_refuses_openmp_builds_with_threads(monkeypatch, tmp_pat
     monkeypatch.setenv("CC", str(cc))
     version = subprocess.run([str(cc), "--version"], capture_output=True, text=True).stdout
     assert not native.build.takes_openmp(str(cc), version) and native.build.takes_openmp(real, version)
-    path = native.build.build(cpu_paged.SOURCES, store.home_dir() / "kernels", native.cpu.at(LEVEL))
-    assert path == attention_kernels["pthreads"].path
+    path = native.build.build(cpu_paged.SOURCES, tmp_path / "kernels", native.cpu.at(LEVEL))
+    assert path.is_file() and path.name == attention_kernels["pthreads"].path.name  # the same flags and key
 
 
 @pytest.mark.skipif(shutil.which("clang") is None, reason="no clang")

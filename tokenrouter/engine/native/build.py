@@ -144,6 +144,18 @@ def load(src: Sources, open_: Callable[[ctypes.CDLL, Path], T], home: str | Path
     return (None, got) if isinstance(got, str) else (got, "")  # type: ignore[return-value]
 
 
+def entry(src: Sources, folder: Path, level: cpu.CpuLevel, cc_version: str, openmp: bool) -> Path:
+    """Where the build of `src` for this compiler (its `--version`), CPU, level and threads lives:
+    `<name>-<level>[-pthreads]-<key>.so`, the key made of all of them."""
+    args = flags(level, openmp, cc_version)
+    key = {"source": src.text(), "cc": cc_version, "flags": args, "cpu": cpu_identity(), "level": level.level}
+    if not openmp:  # the OpenMP build's key is as it always was
+        key["openmp"] = False
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    stem = f"{src.name.replace('_', '-')}-{level.level}" + ("" if openmp else "-pthreads")
+    return folder / f"{stem}-{digest}.so"
+
+
 def build(src: Sources, folder: Path, level: cpu.CpuLevel | None = None, openmp: bool | None = None) -> Path:
     """The shared library of `src` for this compiler, CPU and `level` (default: the current one),
     built into `folder` if not there; with OpenMP where the compiler takes it, unless `openmp` is
@@ -153,24 +165,22 @@ def build(src: Sources, folder: Path, level: cpu.CpuLevel | None = None, openmp:
     if cc is None:
         raise RuntimeError("no C compiler (cc or gcc) on PATH")
     version = subprocess.run([cc, "--version"], capture_output=True, text=True, timeout=30).stdout
-    openmp = (openmp_wanted() if openmp is None else openmp) and takes_openmp(cc, version)
-    args = flags(level, openmp, version)
-    key = {"source": src.text(), "cc": version, "flags": args, "cpu": cpu_identity(), "level": level.level}
-    if not openmp:  # the OpenMP build's key is as it always was
-        key["openmp"] = False
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    stem = f"{src.name.replace('_', '-')}-{level.level}" + ("" if openmp else "-pthreads")
-    path = folder / f"{stem}-{digest}.so"
+    wanted = openmp_wanted() if openmp is None else openmp
+    if wanted and (found := entry(src, folder, level, version, True)).is_file():
+        return found  # built with OpenMP before: the compiler takes it, no need to ask
+    openmp = wanted and takes_openmp(cc, version)
+    path = entry(src, folder, level, version, openmp)
     if path.is_file():
         return path
     folder.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=folder) as tmp:  # built aside, then moved in whole
         out = Path(tmp) / path.name
-        command = [cc, *args, f"-I{src.folder}", "-o", str(out), *map(str, src.files())]
+        command = [cc, *flags(level, openmp, version), f"-I{src.folder}", "-o", str(out), *map(str, src.files())]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         if done.returncode != 0:
             raise RuntimeError(f"{cc} failed: {done.stderr.strip()[-400:]}")
         os.replace(out, path)
+    stem = path.name[: -len("-0123456789abcdef.so")]
     same = re.compile(re.escape(stem) + r"-[0-9a-f]{16}\.so")  # this variant's: the other keeps its own
     for old in folder.glob(f"{stem}-*.so"):  # earlier builds (a process still using one keeps its mapping)
         if old != path and same.fullmatch(old.name):
