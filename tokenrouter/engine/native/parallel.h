@@ -39,6 +39,8 @@ typedef void (*TrRow)(const void *ctx, int64_t i);
 #else /* POSIX threads */
 
 #include <pthread.h>
+#include <time.h>
+#include <unistd.h>
 
 #define TR_PARALLEL_FOR(n, threads, fn, ctx) tr_parallel_for((n), (threads), (fn), (ctx))
 #define TR_PARALLEL_FOR_IF(cond, n, threads, fn, ctx) tr_parallel_for((n), (cond) ? (threads) : 1, (fn), (ctx))
@@ -72,18 +74,55 @@ static struct {
     pthread_cond_t start, done;
     TrJob job;
     uint64_t generation; /* one a job: what wakes the workers */
-    int workers, pending;
+    uint64_t pending; /* the job's shares not yet done by workers */
+    uint64_t spin_ns; /* how long a wait spins: the last job's */
+    int workers;
     uint64_t born[TR_MAX_THREADS]; /* the generation a worker was created in */
 } tr_pool_ __attribute__((unused)) = {.busy = PTHREAD_MUTEX_INITIALIZER,
                                       .lock = PTHREAD_MUTEX_INITIALIZER,
                                       .start = PTHREAD_COND_INITIALIZER,
                                       .done = PTHREAD_COND_INITIALIZER};
 
+/* Waiting spins a while before it sleeps, as libgomp's threads do: a decode step's calls follow
+ * each other within microseconds, and a condition variable's wake-up costs about ten. Not where
+ * the job has more threads than the machine has CPUs: a spinning thread would hold the CPU a
+ * working one waits for. */
+#define TR_SPIN_NS 100000
+
+static inline uint64_t tr_now_ns_(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (uint64_t)t.tv_sec * 1000000000u + (uint64_t)t.tv_nsec;
+}
+
+static inline void tr_relax_(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+/* Spin while *at == value, for `ns` at most. */
+static inline void tr_spin_while_(const uint64_t *at, uint64_t value, uint64_t ns) {
+    if (ns == 0) return;
+    const uint64_t until = tr_now_ns_() + ns;
+    for (unsigned i = 1; __atomic_load_n(at, __ATOMIC_ACQUIRE) == value; i++) {
+        if (i % 64 == 0 && tr_now_ns_() > until) return;
+        tr_relax_();
+    }
+}
+
 static void *tr_pool_worker_(void *arg) {
     const int k = (int)(intptr_t)arg; /* runs share k: the caller runs share 0 */
     pthread_mutex_lock(&tr_pool_.lock);
     uint64_t seen = tr_pool_.born[k];
     for (;;) {
+        if (tr_pool_.generation == seen) {
+            pthread_mutex_unlock(&tr_pool_.lock);
+            tr_spin_while_(&tr_pool_.generation, seen, tr_pool_.spin_ns);
+            pthread_mutex_lock(&tr_pool_.lock);
+        }
         while (tr_pool_.generation == seen) pthread_cond_wait(&tr_pool_.start, &tr_pool_.lock);
         seen = tr_pool_.generation;
         if (k >= tr_pool_.job.shares) continue; /* not needed for this job */
@@ -91,7 +130,7 @@ static void *tr_pool_worker_(void *arg) {
         pthread_mutex_unlock(&tr_pool_.lock);
         tr_run_share(&job, k);
         pthread_mutex_lock(&tr_pool_.lock);
-        if (--tr_pool_.pending == 0) pthread_cond_signal(&tr_pool_.done);
+        if (__atomic_sub_fetch(&tr_pool_.pending, 1, __ATOMIC_ACQ_REL) == 0) pthread_cond_signal(&tr_pool_.done);
     }
     return NULL;
 }
@@ -163,11 +202,18 @@ static __attribute__((unused)) void tr_parallel_for(int64_t n, int threads, TrRo
     if (shares > tr_pool_.workers + 1) shares = tr_pool_.workers + 1; /* as many as could be made */
     job.shares = shares;
     tr_pool_.job = job;
-    tr_pool_.pending = shares - 1;
-    tr_pool_.generation++;
+    tr_pool_.pending = (uint64_t)shares - 1;
+    static long cpus = 0;
+    if (cpus == 0) cpus = sysconf(_SC_NPROCESSORS_ONLN);
+    tr_pool_.spin_ns = shares <= cpus ? TR_SPIN_NS : 0;
+    __atomic_store_n(&tr_pool_.generation, tr_pool_.generation + 1, __ATOMIC_RELEASE);
     pthread_cond_broadcast(&tr_pool_.start);
     pthread_mutex_unlock(&tr_pool_.lock);
     tr_run_share(&job, 0);
+    for (uint64_t left = shares - 1, now; left > 0; left = now) { /* spin while shares finish */
+        tr_spin_while_(&tr_pool_.pending, left, tr_pool_.spin_ns);
+        if ((now = __atomic_load_n(&tr_pool_.pending, __ATOMIC_ACQUIRE)) == left) break; /* none did a while */
+    }
     pthread_mutex_lock(&tr_pool_.lock);
     while (tr_pool_.pending > 0) pthread_cond_wait(&tr_pool_.done, &tr_pool_.lock);
     pthread_mutex_unlock(&tr_pool_.lock);
