@@ -152,19 +152,47 @@ def _large_model(form, tokens: int = 12):
     return anyio.run(main)
 
 
-def test_every_form_of_the_large_model_runs_as_engine_does(tmp_path):
-    """A store name, its directory, its `.gguf`, `ModelSpec(path=...)` and a GGUF of the user's own
-    (a copy outside the store, named by path and by directory) compute as `Engine()` does."""
+def _forms(tmp_path) -> dict:
+    """Every way of naming the demo 1.5B; "own gguf" and "own gguf's directory" are a GGUF of the
+    user's own: a path outside the store, whose config and tokenizer are derived apart."""
     name = store.DEFAULT_MODELS["large"]
     directory = store.locate_model(name)
     gguf = store.gguf_for(directory)
     own = tmp_path / "mine" / "model.gguf"
     own.parent.mkdir()
-    own.symlink_to(gguf)  # a path outside the store (its derived config and tokenizer kept apart)
+    own.symlink_to(gguf)
+    return {
+        "store name": name,
+        "store directory": str(directory),
+        "store gguf": str(gguf),
+        "ModelSpec(path=store dir)": ModelSpec(path=directory),
+        "own gguf": str(own),
+        "own gguf's directory": str(own.parent),
+    }
+
+
+# Each form resolves as Engine() does on the tiny store (tests/engine/model/test_model_forms.py,
+# every form); here on the real files, the two whose config and tokenizer come from the real GGUF
+# apart from the store's run by default, the others with -m slow (a load of the 1.5B each).
+@pytest.mark.parametrize(
+    "forms",
+    [
+        ("store gguf", "own gguf"),
+        pytest.param(
+            ("store name", "store directory", "ModelSpec(path=store dir)", "own gguf's directory"),
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["default", "slow"],
+)
+def test_every_form_of_the_large_model_runs_as_engine_does(tmp_path, forms):
+    """A store name, its directory, its `.gguf`, `ModelSpec(path=...)` and a GGUF of the user's own
+    (a copy outside the store, named by path and by directory) compute as `Engine()` does."""
     default = _large_model(None)
     assert "gguf" in default[0] and "blocks" in default[1], default
-    for form in (name, str(directory), str(gguf), ModelSpec(path=directory), str(own), str(own.parent)):
-        assert _large_model(form) == default, form
+    named = _forms(tmp_path)
+    for what in forms:
+        assert _large_model(named[what]) == default, what
 
 
 @pytest.mark.slow
