@@ -120,7 +120,7 @@ class VerifyLatency:
     logits at every position (the vocabulary projection runs b * t times, not b) and attend over
     their new tokens. On the 1.5B demo model a step of 16 rows of 3 took 2.3 decode steps of 16
     while each extend row had its own attention call, where the table said 1.6; with short
-    extend rows batched it took 1.75 s against the table's 1.70 (docs/benchmarks.md)."""
+    extend rows batched it took 1.75 s against the table's 1.70 (benchmarks/results/speculative-checks/README.md)."""
 
     decode: TableLatency  # the model's step table (seconds against tokens in a step)
     rows: tuple[tuple[int, TableLatency], ...] = ()  # (t, seconds against b), t >= 2, increasing

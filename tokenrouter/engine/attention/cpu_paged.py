@@ -37,7 +37,7 @@ KV_KINDS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # what K/V m
 @dataclass(frozen=True)
 class Kernel:
     path: Path
-    level: str  # the CPU level it was built for (native.cpu.LEVELS): its loops, and the last bits of its sums
+    level: str  # the CPU level it was built for (native.cpu.ALL_LEVELS): its loops, and the last bits of its sums
     attention: Callable[..., int]  # tr_paged_attention, through ctypes
 
     @property

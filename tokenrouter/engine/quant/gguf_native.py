@@ -58,7 +58,7 @@ SCALES = {
 @dataclass(frozen=True)
 class Library:
     path: Path
-    level: str  # the CPU level its group kernels compute at: "plain", "avx2" or "avx512" (native/cpu.py)
+    level: str  # the CPU level its group kernels compute at: one of native.cpu.ALL_LEVELS (x86 or ARM64)
     matmul: Callable[..., int]  # tr_gguf_matmul (plain C, the file's blocks), through ctypes
     packed_bytes: Callable[..., int]  # tr_gguf_packed_bytes
     repack: Callable[..., int]  # tr_gguf_repack

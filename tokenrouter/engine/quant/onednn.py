@@ -6,7 +6,7 @@ for each call once a batch has more than one row: a decode step of 2 to 16 rows 
 three times the one-row step, and a second thread barely helps. Reordering each weight once at
 load and calling oneDNN's linear with it (what torch's own compiler does for frozen CPU graphs)
 makes the step cost nearly flat in the batch size and lets threads scale; the measured step
-latencies are in docs/benchmarks.md. Results equal `F.linear` to the dtype's rounding, not bit
+latencies are in benchmarks/results/linear-kernels/README.md. Results equal `F.linear` to the dtype's rounding, not bit
 for bit. bfloat16 goes the same way, where the precision probe found it the faster
 (`probe.py`): oneDNN computes it natively on CPUs with avx512_bf16 or AMX.
 """
