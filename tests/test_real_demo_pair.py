@@ -82,7 +82,7 @@ OTHERS = [f"# {i + 1}: another task\n" * (1 + i % 4) + q for i, q in enumerate(r
 
 
 def _same_tokens_params(i: int) -> SamplingParams:
-    return SamplingParams(temperature=0, max_tokens=6 + 4 * (i >= 12) * (i % 3), ignore_eos=True, logprobs=1)
+    return SamplingParams(temperature=0, max_tokens=6 + 2 * (i >= 12) * (i % 3), ignore_eos=True, logprobs=1)
 
 
 def _alone_and_among_others(policy, models=None, alone_too: bool = True):
